@@ -1,0 +1,42 @@
+# genalign developer commands. Everything installs itself into .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.genalign-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast lint format demo bench clean
+
+install: $(STAMP)
+
+# torch/torchvision first (their pair must match: see shared DESIGN.md), then the package
+# under a constraints file so no dependency can swap the torch build.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -q -c constraints.txt -e ".[dev,fast-svg]"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check genalign tests benchmarks
+	$(PY) -m ruff format --check genalign tests benchmarks
+
+format: install
+	$(PY) -m ruff format genalign tests benchmarks
+	$(PY) -m ruff check --fix genalign tests benchmarks
+
+demo: install
+	$(VENV)/bin/genalign demo
+
+bench: install
+	$(PY) benchmarks/rollout.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache runs
