@@ -1,0 +1,146 @@
+"""The reward protocol, its output type and the reward registry.
+
+Contract (DESIGN.md)::
+
+    reward = load_reward("clip", model="ViT-B-32", pretrained="openai")
+    out = reward(images, prompts, **metadata)   # images: float [B, 3, H, W] in [0, 1]
+    out.scores    # float [B]
+    out.details   # dict of named per-sample components
+    reward.differentiable   # gradients flow from scores to images
+
+A reward that cannot score an input returns a defined penalty and counts it in ``details``;
+it never crashes the batch. NaN scores are reported in ``details["nan_count"]`` and raise in
+strict mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from genalign.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+REWARDS: Registry[type[Reward]] = Registry("reward")
+
+
+def register_reward(name: str):
+    """Class decorator: ``@register_reward("clip")`` makes ``load_reward("clip")`` build it."""
+
+    def decorator(cls):
+        REWARDS.add(name, cls)
+        if getattr(cls, "name", None) in (None, "reward"):
+            cls.name = name
+        return cls
+
+    return decorator
+
+
+@dataclass
+class RewardOutput:
+    """What every reward returns.
+
+    Attributes:
+        scores: float tensor ``[B]``; differentiable w.r.t. the images when the reward is.
+        details: named per-sample components (tensors ``[B]`` or lists of length B) and counters.
+    """
+
+    scores: torch.Tensor
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Reward(torch.nn.Module):
+    """Base class of all rewards.
+
+    Subclasses implement :meth:`score` on validated inputs. ``__call__`` validates images and
+    prompts, runs ``score`` under ``torch.no_grad`` unless gradients are wanted, and checks the
+    result for NaNs.
+
+    Attributes:
+        name: the registry name.
+        differentiable: True when gradients flow from scores to images.
+        strict: raise on NaN scores instead of reporting them.
+    """
+
+    name: str = "reward"
+    differentiable: bool = False
+    input_kind: str = "image"  # "image" ([B,3,H,W] in [0,1]) or "svg" (list of SVG strings)
+
+    def __init__(self, strict: bool = False) -> None:
+        super().__init__()
+        self.strict = strict
+
+    # -- to implement -------------------------------------------------------------------------
+    def score(self, images: Any, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
+        raise NotImplementedError
+
+    # -- the protocol -------------------------------------------------------------------------
+    def forward(self, images: Any, prompts: Sequence[str] | None = None, **metadata: Any) -> RewardOutput:
+        batch = self.validate(images, prompts)
+        prompts = list(prompts) if prompts is not None else [""] * batch
+        want_grad = self.differentiable and torch.is_tensor(images) and images.requires_grad
+        with torch.set_grad_enabled(want_grad and torch.is_grad_enabled()):
+            out = self.score(images, prompts, **metadata)
+        return self._check_output(out, batch)
+
+    def validate(self, images: Any, prompts: Sequence[str] | None) -> int:
+        """Check shapes and ranges; return the batch size."""
+        if self.input_kind == "image":
+            batch = validate_images(images)
+        else:
+            if isinstance(images, str) or not isinstance(images, Sequence):
+                raise ValueError(f"{self.name}: expected a list of SVG strings, got {type(images).__name__}")
+            batch = len(images)
+        if prompts is not None:
+            if isinstance(prompts, str):
+                raise ValueError(f"{self.name}: prompts must be a list of strings, not a single string")
+            if len(prompts) != batch:
+                raise ValueError(f"{self.name}: got {batch} images but {len(prompts)} prompts")
+        return batch
+
+    def _check_output(self, out: RewardOutput, batch: int) -> RewardOutput:
+        scores = out.scores
+        if scores.shape != (batch,):
+            raise RuntimeError(f"{self.name} returned scores of shape {tuple(scores.shape)}, expected ({batch},)")
+        nan = torch.isnan(scores.detach())
+        count = int(nan.sum())
+        out.details.setdefault("nan_count", count)
+        if count:
+            message = f"{self.name}: {count} of {batch} scores are NaN (indices {nan.nonzero().flatten().tolist()})"
+            if self.strict:
+                raise FloatingPointError(message)
+            logger.warning(message)
+        return out
+
+
+def validate_images(images: Any) -> int:
+    """Images must be a float tensor ``[B, 3, H, W]`` with values in [0, 1]; returns B."""
+    if not torch.is_tensor(images):
+        raise ValueError(f"images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
+    if images.ndim != 4:
+        raise ValueError(f"images must have shape [B, 3, H, W], got shape {tuple(images.shape)}")
+    if images.shape[1] != 3:
+        raise ValueError(f"images must have 3 channels in dim 1, got shape {tuple(images.shape)}")
+    if not images.is_floating_point():
+        raise ValueError(f"images must be floating point in [0, 1], got dtype {images.dtype}")
+    if images.numel():
+        lo, hi = float(images.detach().min()), float(images.detach().max())
+        if lo < -1e-4 or hi > 1 + 1e-4:
+            raise ValueError(f"images must be in [0, 1], got values in [{lo:.4g}, {hi:.4g}] (shape {tuple(images.shape)})")
+    return images.shape[0]
+
+
+def load_reward(name: str, **kwargs: Any) -> Reward:
+    """Build a registered reward by name (or ``"module.path:Class"``) with keyword arguments."""
+    cls = REWARDS.get(name)
+    return cls(**kwargs)
+
+
+def list_rewards() -> list[str]:
+    """Names of all registered rewards."""
+    return REWARDS.names()
