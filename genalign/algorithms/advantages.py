@@ -1,0 +1,249 @@
+"""Advantages from rewards: group-relative normalisation and the per-prompt statistics tracker.
+
+Two ways of turning a batch of scalar rewards into advantages are in use for generator RL:
+
+* **Group-relative** (GRPO, Shao et al. 2024 "DeepSeekMath", sec. 4.1.2; Flow-GRPO, Liu et al.
+  2025): every prompt is sampled ``G`` times in the same batch and each reward is normalised by
+  the mean and standard deviation of its own group,
+  ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``.
+  Flow-GRPO's released code offers a global variant that divides by the standard deviation of
+  the whole batch instead, which keeps the advantage scale comparable between easy and hard
+  prompts; Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", sec. 3.1) drops the
+  division altogether. :func:`group_advantages` implements all three.
+* **Per-prompt history** (DDPO, Black et al. 2023, sec. 4.3 / app. B): rewards are normalised by
+  running statistics of past rewards for the same prompt, kept in a bounded buffer; while a prompt
+  has few entries the batch statistics stand in. :class:`PerPromptStatTracker` implements it.
+
+Standard deviations are population standard deviations (``ddof=0``), as in DDPO and Flow-GRPO
+(numpy's default); trl's GRPO uses the unbiased estimate instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+StdMode = Literal["group", "global", "none"]
+
+__all__ = ["PerPromptStatTracker", "clip_advantages", "group_advantages"]
+
+
+def _group_index(groups: torch.Tensor | Sequence[Any] | int, batch_size: int) -> torch.Tensor:
+    """Map ``groups`` to a dense group index ``[B]`` in ``0..num_groups-1``."""
+    if isinstance(groups, bool):
+        raise TypeError("groups must be a group size (int) or one group id per sample, not a bool")
+    if isinstance(groups, int):
+        group_size = groups
+        if group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size}")
+        if batch_size % group_size != 0:
+            raise ValueError(
+                f"group_size {group_size} does not divide the batch size {batch_size} "
+                f"({batch_size} % {group_size} = {batch_size % group_size})"
+            )
+        # Contiguous groups, as trl's GRPO lays them out: samples [0, G) share a prompt, then [G, 2G) ...
+        return torch.arange(batch_size) // group_size
+    if isinstance(groups, torch.Tensor):
+        if groups.ndim != 1 or groups.shape[0] != batch_size:
+            raise ValueError(f"group_ids must have shape [{batch_size}], got {list(groups.shape)}")
+        return torch.unique(groups.cpu(), return_inverse=True)[1]
+    ids = list(groups)
+    if len(ids) != batch_size:
+        raise ValueError(f"got {len(ids)} group ids for {batch_size} rewards")
+    index: dict[Any, int] = {}
+    return torch.tensor([index.setdefault(group_id, len(index)) for group_id in ids], dtype=torch.long)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    groups: torch.Tensor | Sequence[Any] | int,
+    std: StdMode = "group",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Group-relative advantages (GRPO / Flow-GRPO).
+
+    ``A_i = (r_i - mean_g) / (s + eps)`` where ``mean_g`` is the mean reward of sample ``i``'s
+    group and ``s`` is, by ``std``:
+
+    * ``"group"``: the (population) std of that group — GRPO (Shao et al. 2024, sec. 4.1.2);
+    * ``"global"``: the std of the whole batch — Flow-GRPO's ``global_std`` option;
+    * ``"none"``: no division, ``A_i = r_i - mean_g`` — Dr. GRPO (Liu et al. 2025).
+
+    Args:
+        rewards: float ``[B]``.
+        groups: either ``group_size`` (int; groups are contiguous blocks ``[0, G)``, ``[G, 2G)``,
+            ...) or one group id per sample (an integer tensor ``[B]`` or a sequence of hashables
+            such as the prompts themselves).
+        std: which standard deviation divides the centred rewards.
+        eps: added to the standard deviation (Flow-GRPO and trl use ``1e-4``).
+
+    Returns:
+        float ``[B]`` advantages in ``rewards``' dtype (at least float32) and device.
+
+    Raises:
+        ValueError: ``group_size`` does not divide ``B``, or ``std="group"`` and some group has
+            fewer than 2 members (its std would be 0 and every advantage 0).
+    """
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must have shape [B], got {list(rewards.shape)}")
+    if std not in ("group", "global", "none"):
+        raise ValueError(f"std must be 'group', 'global' or 'none', got {std!r}")
+    batch_size = rewards.shape[0]
+    index = _group_index(groups, batch_size).to(rewards.device)  # [B]
+    num_groups = int(index.max().item()) + 1 if batch_size else 0
+    counts = torch.bincount(index, minlength=num_groups)  # [num_groups]
+    if std == "group" and batch_size and int(counts.min()) < 2:
+        small = int(torch.argmin(counts))
+        raise ValueError(
+            f"group {small} has {int(counts[small])} member(s); std='group' needs at least 2 samples "
+            f"per group (batch size {batch_size}, {num_groups} groups)"
+        )
+
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    values = rewards.to(dtype)  # [B]
+    # Compute in float64 so a group of near-identical rewards does not lose its spread.
+    values64 = values.double()
+    group_mean = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
+    group_mean = group_mean.index_add_(0, index, values64) / counts  # [num_groups]
+    centred = values64 - group_mean[index]  # [B]
+    if std == "none":
+        return centred.to(dtype)
+    if std == "global":
+        scale = values64.std(unbiased=False).expand(batch_size)  # [B]
+    else:
+        group_var = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
+        group_var = group_var.index_add_(0, index, centred**2) / counts  # [num_groups]
+        scale = group_var.sqrt()[index]  # [B]
+    return (centred / (scale + eps)).to(dtype)
+
+
+def clip_advantages(advantages: torch.Tensor, max_abs: float) -> torch.Tensor:
+    """Clamp advantages to ``[-max_abs, max_abs]`` (DDPO / Flow-GRPO ``adv_clip_max``)."""
+    if not max_abs > 0:
+        raise ValueError(f"max_abs must be positive, got {max_abs}")
+    return advantages.clamp(-max_abs, max_abs)
+
+
+class PerPromptStatTracker:
+    """Per-prompt reward statistics for advantage normalisation (DDPO, Black et al. 2023, app. B).
+
+    Each prompt keeps the last ``buffer_size`` rewards it received. On :meth:`update`, the batch's
+    rewards are appended first, then each reward is normalised by its prompt's buffer mean and std
+    — or by the current batch's mean and std while the prompt has fewer than ``min_count``
+    entries, so rare prompts do not get advantages from two or three samples.
+
+    The state is plain Python (prompt strings to lists of floats) so that checkpoints can store it
+    as JSON.
+
+    Args:
+        buffer_size: rewards kept per prompt (oldest evicted first); ``None`` keeps all of them.
+        min_count: entries a prompt needs before its own statistics are used.
+        eps: added to the std (DDPO uses ``1e-6``).
+    """
+
+    def __init__(self, buffer_size: int | None, min_count: int, eps: float = 1e-6) -> None:
+        if buffer_size is not None and buffer_size < 1:
+            raise ValueError(f"buffer_size must be positive or None, got {buffer_size}")
+        if min_count < 0:
+            raise ValueError(f"min_count must be non-negative, got {min_count}")
+        if buffer_size is not None and min_count > buffer_size:
+            raise ValueError(
+                f"min_count {min_count} exceeds buffer_size {buffer_size}: prompt statistics would never be used"
+            )
+        self.buffer_size = buffer_size
+        self.min_count = min_count
+        self.eps = eps
+        self.stats: dict[str, deque[float]] = {}
+
+    def update(self, prompts: Sequence[str], rewards: torch.Tensor | Sequence[float]) -> torch.Tensor:
+        """Record ``rewards`` and return their advantages.
+
+        Args:
+            prompts: ``B`` prompt strings.
+            rewards: float ``[B]`` (tensor, array or list).
+
+        Returns:
+            float ``[B]`` advantages: same dtype and device as ``rewards`` when it is a floating
+            tensor, else float32 on the CPU.
+        """
+        prompts = list(prompts)
+        values = np.asarray(
+            rewards.detach().cpu().double().numpy() if isinstance(rewards, torch.Tensor) else rewards,
+            dtype=np.float64,
+        )  # [B]
+        if values.ndim != 1 or values.shape[0] != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts for rewards of shape {list(values.shape)}")
+        for prompt in prompts:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompts must be strings, got {type(prompt).__name__}: {prompt!r}")
+
+        batch_mean, batch_std = float(values.mean()), float(values.std())
+        prompt_array = np.asarray(prompts, dtype=object)
+        advantages = np.empty_like(values)
+        for prompt in dict.fromkeys(prompts):
+            mask = prompt_array == prompt
+            history = self.stats.setdefault(prompt, deque(maxlen=self.buffer_size))
+            history.extend(values[mask].tolist())
+            if len(history) < self.min_count:
+                mean, std = batch_mean, batch_std
+            else:
+                mean, std = float(np.mean(history)), float(np.std(history))
+            advantages[mask] = (values[mask] - mean) / (std + self.eps)
+
+        if isinstance(rewards, torch.Tensor) and rewards.is_floating_point():
+            return torch.as_tensor(advantages, dtype=rewards.dtype, device=rewards.device)
+        return torch.as_tensor(advantages, dtype=torch.float32)
+
+    def get_stats(self) -> dict[str, dict[str, float]]:
+        """Per prompt: ``{"mean", "std", "count"}`` of its buffer."""
+        return {
+            prompt: {"mean": float(np.mean(history)), "std": float(np.std(history)), "count": len(history)}
+            for prompt, history in self.stats.items()
+            if history
+        }
+
+    def clear(self) -> None:
+        """Forget every prompt's history."""
+        self.stats.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: settings and every prompt's buffer, oldest reward first."""
+        return {
+            "buffer_size": self.buffer_size,
+            "min_count": self.min_count,
+            "eps": self.eps,
+            "stats": {prompt: list(history) for prompt, history in self.stats.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore buffers saved by :meth:`state_dict`.
+
+        The tracker keeps its own ``buffer_size``/``min_count``/``eps``; a saved buffer longer than
+        ``buffer_size`` keeps its newest entries.
+        """
+        for key in ("buffer_size", "min_count"):
+            if key in state and state[key] != getattr(self, key):
+                logger.warning(
+                    "PerPromptStatTracker: saved %s=%s differs from this tracker's %s; keeping %s",
+                    key,
+                    state[key],
+                    getattr(self, key),
+                    getattr(self, key),
+                )
+        self.stats = {
+            str(prompt): deque((float(value) for value in history), maxlen=self.buffer_size)
+            for prompt, history in state["stats"].items()
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"PerPromptStatTracker(buffer_size={self.buffer_size}, min_count={self.min_count}, "
+            f"prompts={len(self.stats)})"
+        )

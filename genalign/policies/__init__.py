@@ -1,0 +1,60 @@
+"""Policies: model-family adapters that roll out real diffusers models with exact log-probs.
+
+Families are registered by name; outside code can add one with :func:`register_policy` or name
+a class directly as ``"package.module:Class"``::
+
+    policy = load_policy("sd", "stabilityai/stable-diffusion-2-1", lora={"rank": 8})
+    trajectory = policy.rollout(["a red circle"], group_size=4, generator=0)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from genalign.policies.base import DiffusionPolicy, LoraSpec, check_group_size, check_model_folder
+from genalign.policies.consistency import ConsistencyPolicy
+from genalign.policies.flow import FluxPolicy, FlowPolicy, SanaPolicy, SD3Policy
+from genalign.policies.sd import SDPolicy
+from genalign.policies.trajectory import RolloutSettings, Trajectory
+from genalign.registry import Registry
+
+POLICIES: Registry[type[DiffusionPolicy]] = Registry("policy family")
+POLICIES.add("sd", SDPolicy)
+POLICIES.add("flow", FlowPolicy)
+POLICIES.add("consistency", ConsistencyPolicy)
+
+
+def register_policy(name: str):
+    """Class decorator registering an outside policy family."""
+    return POLICIES.register(name)
+
+
+def load_policy(family: str, path: str | Path, **kwargs: Any) -> DiffusionPolicy:
+    """Load a policy of ``family`` from a hub id or local folder (kwargs go to ``from_pretrained``)."""
+    cls = POLICIES.get(family)
+    return cls.from_pretrained(path, **kwargs)
+
+
+def list_policies() -> list[str]:
+    return POLICIES.names()
+
+
+__all__ = [
+    "POLICIES",
+    "ConsistencyPolicy",
+    "DiffusionPolicy",
+    "FlowPolicy",
+    "FluxPolicy",
+    "LoraSpec",
+    "RolloutSettings",
+    "SD3Policy",
+    "SDPolicy",
+    "SanaPolicy",
+    "Trajectory",
+    "check_group_size",
+    "check_model_folder",
+    "list_policies",
+    "load_policy",
+    "register_policy",
+]

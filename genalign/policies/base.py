@@ -1,0 +1,399 @@
+"""The policy base class: a diffusers pipeline whose denoising loop records exact log-probs.
+
+A policy wraps one real diffusers pipeline (loaded with ``from_pretrained`` from a hub id or a
+local folder) and adds what RL needs:
+
+* :meth:`DiffusionPolicy.rollout` samples trajectories step by step through a stateless kernel
+  of :mod:`genalign.sampling`, keeping every latent, timestep and log-prob;
+* :meth:`DiffusionPolicy.step` / :meth:`log_prob` recompute a step's distribution under the
+  current weights, with classifier-free guidance exactly as in the rollout;
+* :meth:`reference` is a context in which the policy is the frozen base model (LoRA disabled,
+  or a frozen copy under full fine-tuning), for KL penalties and RL guidance;
+* :meth:`trainable_parameters` lists what an optimiser should update.
+
+Families differ only in how they encode prompts, prepare latents, call the denoiser and decode;
+subclasses implement those four hooks plus the choice of kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.policies.trajectory import RolloutSettings, Trajectory
+from genalign.sampling import StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoraSpec:
+    """LoRA on the denoiser through peft (``init_lora_weights="gaussian"`` leaves B = 0, so a
+    fresh adapter does not change the model)."""
+
+    rank: int = 4
+    alpha: float | None = None
+    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    dropout: float = 0.0
+
+    def to_peft(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha if self.alpha is not None else self.rank,
+            target_modules=list(self.target_modules),
+            lora_dropout=self.dropout,
+            init_lora_weights="gaussian",
+        )
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Fail early, naming the file, when a local diffusers pipeline folder is incomplete."""
+    root = Path(path)
+    index = root / "model_index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{root} is not a diffusers pipeline folder: missing file {index}")
+    components = json.loads(index.read_text())
+    for name, spec in components.items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        folder = root / name
+        if not folder.is_dir():
+            raise FileNotFoundError(f"model folder {root} is missing component folder {folder}")
+        library, class_name = spec
+        if "Scheduler" in class_name:
+            needed = ["scheduler_config.json"]
+        elif "Tokenizer" in class_name or "Processor" in class_name:
+            continue
+        else:
+            needed = ["config.json"]
+        for filename in needed:
+            if not (folder / filename).is_file():
+                raise FileNotFoundError(f"model folder {root} is missing file {folder / filename}")
+        if needed == ["config.json"] and not any(
+            p.suffix in {".safetensors", ".bin"} for p in folder.iterdir() if p.is_file()
+        ):
+            raise FileNotFoundError(f"model folder {root} is missing the weights of {name!r} in {folder}")
+
+
+def per_sample_generators(
+    batch_size: int, generator: torch.Generator | int | None, device: torch.device | str
+) -> tuple[torch.Tensor, list[torch.Generator]]:
+    """Draw one seed per sample (from an int seed or a generator) and build its generator."""
+    if isinstance(generator, int):
+        generator = torch.Generator().manual_seed(generator)
+    seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
+    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+    return seeds, gens
+
+
+def validate_rollout_arguments(prompts: Sequence[str], num_inference_steps: int, group_size: int) -> None:
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of strings, not a single string")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: rollout needs at least one prompt")
+    if not isinstance(num_inference_steps, int) or num_inference_steps <= 0:
+        raise ValueError(f"num_inference_steps must be a positive integer, got {num_inference_steps!r}")
+    if not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+
+
+def check_group_size(batch_size: int, group_size: int) -> None:
+    """A batch is made of whole prompt groups; say so when it is not."""
+    if group_size <= 0:
+        raise ValueError(f"group_size must be positive, got {group_size}")
+    if batch_size % group_size != 0:
+        raise ValueError(
+            f"group size {group_size} does not divide the batch size {batch_size}: "
+            f"each prompt's group must fit whole in a batch"
+        )
+
+
+class DiffusionPolicy(torch.nn.Module):
+    """Base class of the diffusion-like families (sd, flow, consistency).
+
+    Args:
+        pipeline: a loaded diffusers pipeline of the family.
+        lora: a :class:`LoraSpec` (or its dict) to train LoRA adapters, or None for full fine-tuning.
+        train: whether the denoiser is to be trained at all (False for frozen inference).
+        device, dtype: where and in what precision the frozen weights live (LoRA stays fp32).
+    """
+
+    family: str = "base"
+    default_steps: int = 20
+    default_guidance_scale: float = 5.0
+
+    def __init__(
+        self,
+        pipeline: Any,
+        lora: LoraSpec | dict | None = None,
+        train: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        pipeline.to(device)
+        if dtype is not None:
+            pipeline.to(dtype=dtype)
+        pipeline.set_progress_bar_config(disable=True)
+        self.device = device
+        self.scheduler = self.make_scheduler(pipeline.scheduler)
+        for module in self.frozen_modules():
+            module.requires_grad_(False)
+            module.eval()
+        self.lora = LoraSpec(**lora) if isinstance(lora, dict) else lora
+        self._reference_denoiser: torch.nn.Module | None = None
+        denoiser = self.denoiser
+        denoiser.requires_grad_(False)
+        if self.lora is not None:
+            denoiser.add_adapter(self.lora.to_peft())
+            for name, parameter in denoiser.named_parameters():
+                if "lora_" in name:
+                    parameter.data = parameter.data.float()
+                    parameter.requires_grad_(train)
+        elif train:
+            denoiser.requires_grad_(True)
+            self._reference_denoiser = copy.deepcopy(denoiser).requires_grad_(False).eval()
+
+    # ---- loading -------------------------------------------------------------------------------
+    pipeline_class: Any = None
+
+    @classmethod
+    def load_pipeline(cls, path: str | Path, **kwargs: Any) -> Any:
+        if Path(path).exists():
+            check_model_folder(path)
+        from diffusers import DiffusionPipeline
+
+        loader = cls.pipeline_class or DiffusionPipeline
+        return loader.from_pretrained(str(path), **kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        lora: LoraSpec | dict | None = None,
+        train: bool = True,
+        dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        **pipeline_kwargs: Any,
+    ) -> DiffusionPolicy:
+        """Load from a hub id (e.g. ``stabilityai/stable-diffusion-2-1``) or a local folder."""
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if dtype is not None:
+            pipeline_kwargs.setdefault("torch_dtype", dtype)
+        pipeline = cls.load_pipeline(path, **pipeline_kwargs)
+        return cls(pipeline, lora=lora, train=train, device=device, dtype=dtype)
+
+    @classmethod
+    def from_pipe(cls, pipeline: Any, **kwargs: Any) -> DiffusionPolicy:
+        return cls(pipeline, **kwargs)
+
+    # ---- family hooks --------------------------------------------------------------------------
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def frozen_modules(self) -> list[torch.nn.Module]:
+        """Modules never trained (VAE, text encoders)."""
+        return [m for m in self.pipeline.components.values() if isinstance(m, torch.nn.Module)]
+
+    def make_scheduler(self, scheduler: Any) -> Any:
+        """The policy's own scheduler (a copy, so pipeline calls cannot change its state)."""
+        return copy.deepcopy(scheduler)
+
+    def encode_prompts(self, prompts: list[str], guidance_scale: float, negative_prompt: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def prepare_latents(self, batch_size: int, height: int, width: int, generators: list[torch.Generator]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def set_timesteps(self, num_inference_steps: int, latents: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def predict(
+        self, latents: torch.Tensor, step_index: torch.Tensor, conditioning: dict[str, torch.Tensor], settings: RolloutSettings
+    ) -> torch.Tensor:
+        """The denoiser's output (after guidance) for ``latents`` at per-sample ``step_index`` [B]."""
+        raise NotImplementedError
+
+    def kernel(
+        self,
+        model_output: torch.Tensor,
+        step_index: torch.Tensor,
+        latents: torch.Tensor,
+        settings: RolloutSettings,
+        prev_sample: torch.Tensor | None,
+        generator: list[torch.Generator] | None,
+    ) -> StepOutput:
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:
+        """Latents -> images ``[B, 3, H, W]`` in [0, 1]."""
+        raise NotImplementedError
+
+    def default_size(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    # ---- the RL interface ----------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.denoiser.parameters() if p.requires_grad]
+
+    def named_trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in self.denoiser.named_parameters() if p.requires_grad}
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[DiffusionPolicy]:
+        """Within this context the policy is the frozen base model (LoRA off / frozen copy)."""
+        if self.lora is not None:
+            self.denoiser.disable_adapters()
+            try:
+                yield self
+            finally:
+                self.denoiser.enable_adapters()
+        elif self._reference_denoiser is not None:
+            trained = self.denoiser
+            self._swap_denoiser(self._reference_denoiser)
+            try:
+                yield self
+            finally:
+                self._swap_denoiser(trained)
+        else:
+            yield self  # nothing is trained: the policy is its own reference
+
+    def _swap_denoiser(self, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def make_settings(
+        self,
+        num_inference_steps: int | None,
+        guidance_scale: float | None,
+        height: int | None,
+        width: int | None,
+        eta: float,
+        noise_level: float,
+        mode: str,
+    ) -> RolloutSettings:
+        default_h, default_w = self.default_size()
+        return RolloutSettings(
+            num_inference_steps=num_inference_steps if num_inference_steps is not None else self.default_steps,
+            guidance_scale=float(guidance_scale if guidance_scale is not None else self.default_guidance_scale),
+            height=height or default_h,
+            width=width or default_w,
+            eta=float(eta),
+            noise_level=float(noise_level),
+            mode=mode,
+        )
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompts: Sequence[str],
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        eta: float = 1.0,
+        noise_level: float = 0.7,
+        mode: str = "sde",
+        group_size: int = 1,
+        generator: torch.Generator | int | None = None,
+        negative_prompt: str = "",
+        height: int | None = None,
+        width: int | None = None,
+        latents: torch.Tensor | None = None,
+    ) -> Trajectory:
+        """Sample ``group_size`` trajectories for each prompt, recording exact step log-probs.
+
+        Args:
+            prompts: the distinct prompts; the batch is each repeated ``group_size`` times (B = P * G).
+            eta / noise_level / mode: the step policy's stochasticity (see the family's kernel).
+            generator: an int seed or a ``torch.Generator`` from which one seed per sample is drawn;
+                each sample then has its own generator, so a sample is reproducible from its seed.
+            latents: optional initial noise ``[B, ...]`` (else drawn from the per-sample generators).
+        """
+        num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
+        validate_rollout_arguments(prompts, num_inference_steps, group_size)
+        settings = self.make_settings(num_inference_steps, guidance_scale, height, width, eta, noise_level, mode)
+        expanded = [p for p in prompts for _ in range(group_size)]
+        batch = len(expanded)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
+        seeds, generators = per_sample_generators(batch, generator, self.device)
+
+        # 1. Encode prompts (positive and, under CFG, negative)
+        conditioning = self.encode_prompts(expanded, settings.guidance_scale, negative_prompt)
+        # 2. Initial noise from each sample's own generator
+        if latents is None:
+            latents = self.prepare_latents(batch, settings.height, settings.width, generators)
+        elif latents.shape[0] != batch:
+            raise ValueError(f"latents has batch {latents.shape[0]} but the rollout has {batch} samples")
+        # 3. Timesteps
+        timesteps = self.set_timesteps(settings.num_inference_steps, latents)
+        # 4. Denoising loop through the kernel
+        all_latents, log_probs = [latents], []
+        for i in range(len(timesteps)):
+            step_index = torch.full((batch,), i, dtype=torch.long)
+            model_output = self.predict(latents, step_index, conditioning, settings)
+            out = self.kernel(model_output, step_index, latents, settings, None, generators)
+            latents = out.prev_sample
+            all_latents.append(latents)
+            log_probs.append(out.log_prob)
+        # 5. Decode
+        images = self.decode(latents, settings).float()
+        return Trajectory(
+            prompts=expanded,
+            group_ids=group_ids,
+            seeds=seeds,
+            latents=torch.stack(all_latents, dim=1),
+            timesteps=timesteps.to(self.device)[None].expand(batch, -1).clone(),
+            log_probs=torch.stack(log_probs, dim=1),
+            images=images,
+            conditioning=conditioning,
+            settings=settings,
+        )
+
+    def step(self, trajectory: Trajectory, step_index: torch.Tensor | int) -> StepOutput:
+        """Recompute the step ``latents[:, i] -> latents[:, i + 1]`` under the current weights.
+
+        ``step_index`` is an int or a per-sample LongTensor ``[B]``. Gradients flow to the
+        trainable parameters; the returned ``log_prob`` is ``[B]``.
+        """
+        batch = trajectory.batch_size
+        if isinstance(step_index, int):
+            step_index = torch.full((batch,), step_index, dtype=torch.long)
+        step_index = step_index.to(torch.long).cpu()
+        if step_index.shape != (batch,):
+            raise ValueError(f"step_index must be an int or shape ({batch},), got {tuple(step_index.shape)}")
+        if int(step_index.min()) < 0 or int(step_index.max()) >= trajectory.num_steps:
+            raise ValueError(f"step_index must lie in [0, {trajectory.num_steps}), got {step_index.tolist()}")
+        rows = torch.arange(batch)
+        self.set_timesteps(trajectory.settings.num_inference_steps, trajectory.latents[:, 0])
+        sample = trajectory.latents[rows, step_index]
+        prev_sample = trajectory.latents[rows, step_index + 1]
+        model_output = self.predict(sample, step_index, trajectory.conditioning, trajectory.settings)
+        return self.kernel(model_output, step_index, sample, trajectory.settings, prev_sample, None)
+
+    def log_prob(self, trajectory: Trajectory, step_indices: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+        """Log-probs ``[B, K]`` of the given steps under the current weights.
+
+        ``step_indices``: None (all steps), a list of K step indices shared by the batch, or a
+        LongTensor ``[B, K]`` of per-sample indices.
+        """
+        batch = trajectory.batch_size
+        if step_indices is None:
+            step_indices = list(range(trajectory.num_steps))
+        if not torch.is_tensor(step_indices):
+            step_indices = torch.tensor(list(step_indices), dtype=torch.long)[None].expand(batch, -1)
+        columns = [self.step(trajectory, step_indices[:, k]).log_prob for k in range(step_indices.shape[1])]
+        return torch.stack(columns, dim=1)

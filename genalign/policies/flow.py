@@ -1,0 +1,291 @@
+"""The ``flow`` family: rectified-flow transformers (SD3/SD3.5, FLUX, SANA) with Flow-GRPO's SDE.
+
+The deterministic Euler ODE of flow matching is turned into a stochastic step policy with the
+same marginals (Flow-GRPO, Liu et al. 2025, eq. 9; the coefficients-preserving variant of
+Wang & Yu 2025 with ``mode="cps"``; ``mode="ode"`` is the plain Euler step). The kernel is
+:func:`genalign.sampling.flow_sde_step`.
+
+One class per architecture differs only in prompt encoding, latent layout, the transformer's call
+and decoding; :meth:`FlowPolicy.from_pretrained` picks it from the loaded pipeline's class.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genalign.policies.base import DiffusionPolicy, LoraSpec
+from genalign.policies.trajectory import RolloutSettings
+from genalign.sampling import StepOutput, flow_sde_step
+
+
+def _calculate_shift(seq_len: int, config: Any, default_max_shift: float) -> float:
+    """Resolution-dependent timestep shift ``mu`` (SD3/FLUX), linear in the image token count."""
+    base_len = config.get("base_image_seq_len", 256)
+    max_len = config.get("max_image_seq_len", 4096)
+    base_shift = config.get("base_shift", 0.5)
+    max_shift = config.get("max_shift", default_max_shift)
+    slope = (max_shift - base_shift) / (max_len - base_len)
+    return seq_len * slope + base_shift - slope * base_len
+
+
+class FlowPolicy(DiffusionPolicy):
+    """Base of the flow-matching architectures; use :meth:`from_pretrained` to get the right one."""
+
+    family = "flow"
+    default_steps = 10
+    default_guidance_scale = 4.5
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        return self.pipeline.transformer
+
+    def _swap_denoiser(self, module: torch.nn.Module) -> None:
+        self.pipeline.transformer = module
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        lora: LoraSpec | dict | None = None,
+        train: bool = True,
+        dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        **pipeline_kwargs: Any,
+    ) -> FlowPolicy:
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if dtype is not None:
+            pipeline_kwargs.setdefault("torch_dtype", dtype)
+        pipeline = cls.load_pipeline(path, **pipeline_kwargs)
+        return cls.for_pipeline(pipeline)(pipeline, lora=lora, train=train, device=device, dtype=dtype)
+
+    @classmethod
+    def from_pipe(cls, pipeline: Any, **kwargs: Any) -> FlowPolicy:
+        return cls.for_pipeline(pipeline)(pipeline, **kwargs)
+
+    @staticmethod
+    def for_pipeline(pipeline: Any) -> type[FlowPolicy]:
+        for klass in type(pipeline).__mro__:
+            if klass.__name__ in FLOW_ARCHITECTURES:
+                return FLOW_ARCHITECTURES[klass.__name__]
+        known = ", ".join(sorted(FLOW_ARCHITECTURES))
+        raise ValueError(f"the flow family does not support {type(pipeline).__name__}; supported pipelines: {known}")
+
+    def make_scheduler(self, scheduler: Any) -> Any:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(scheduler.config)
+
+    def default_size(self) -> tuple[int, int]:
+        size = self.pipeline.transformer.config.sample_size * self.pipeline.vae_scale_factor
+        return size, size
+
+    def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
+        return flow_sde_step(
+            self.scheduler,
+            model_output,
+            step_index,
+            latents,
+            noise_level=settings.noise_level,
+            mode=settings.mode,
+            prev_sample=prev_sample,
+            generator=generator,
+        )
+
+    def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
+        return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
+
+    @staticmethod
+    def _guided(out: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:
+        uncond, text = out.chunk(2)
+        return uncond + settings.guidance_scale * (text - uncond)
+
+
+class SD3Policy(FlowPolicy):
+    """Stable Diffusion 3 / 3.5 (``StableDiffusion3Pipeline``, ``SD3Transformer2DModel``)."""
+
+    def encode_prompts(self, prompts, guidance_scale, negative_prompt):
+        cfg = guidance_scale > 1.0
+        pe, npe, pooled, npooled = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=cfg,
+            negative_prompt=[negative_prompt] * len(prompts) if cfg else None,
+        )
+        cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+        if cfg:
+            cond.update(negative_prompt_embeds=npe, negative_pooled_prompt_embeds=npooled)
+        return cond
+
+    def prepare_latents(self, batch_size, height, width, generators):
+        channels = self.pipeline.transformer.config.in_channels
+        dtype = self.pipeline.transformer.dtype
+        return self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
+
+    def set_timesteps(self, num_inference_steps, latents):
+        kwargs = {}
+        if self.scheduler.config.get("use_dynamic_shifting", None):
+            patch = self.pipeline.transformer.config.patch_size
+            seq_len = (latents.shape[-2] // patch) * (latents.shape[-1] // patch)
+            kwargs["mu"] = _calculate_shift(seq_len, self.scheduler.config, 1.16)
+        self.scheduler.set_timesteps(num_inference_steps, device=self.device, **kwargs)
+        return self.scheduler.timesteps
+
+    def predict(self, latents, step_index, conditioning, settings):
+        transformer = self.pipeline.transformer
+        cfg = settings.guidance_scale > 1.0
+        t = self._timestep(step_index)
+        x, embeds, pooled = latents, conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"]
+        if cfg:
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
+            pooled = torch.cat([conditioning["negative_pooled_prompt_embeds"], pooled])
+        out = transformer(
+            hidden_states=x.to(transformer.dtype), timestep=t, encoder_hidden_states=embeds.to(transformer.dtype),
+            pooled_projections=pooled.to(transformer.dtype), return_dict=False,
+        )[0]
+        return self._guided(out, settings) if cfg else out
+
+    def decode(self, latents, settings):
+        vae = self.pipeline.vae
+        latents = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        return (vae.decode(latents, return_dict=False)[0] / 2 + 0.5).clamp(0, 1)
+
+
+class FluxPolicy(FlowPolicy):
+    """FLUX.1 (``FluxPipeline``): packed 2x2 latent tokens, guidance embedding when the model has one
+    (FLUX.1-dev), otherwise true classifier-free guidance with a negative prompt."""
+
+    default_guidance_scale = 3.5
+
+    def default_size(self) -> tuple[int, int]:
+        size = self.pipeline.default_sample_size * self.pipeline.vae_scale_factor
+        return size, size
+
+    @property
+    def guidance_embedded(self) -> bool:
+        return bool(self.pipeline.transformer.config.guidance_embeds)
+
+    def _uses_cfg(self, guidance_scale: float) -> bool:
+        return not self.guidance_embedded and guidance_scale > 1.0
+
+    def encode_prompts(self, prompts, guidance_scale, negative_prompt):
+        pe, pooled, _ = self.pipeline.encode_prompt(prompt=prompts, prompt_2=None, device=self.device)
+        cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+        if self._uses_cfg(guidance_scale):
+            npe, npooled, _ = self.pipeline.encode_prompt(
+                prompt=[negative_prompt] * len(prompts), prompt_2=None, device=self.device
+            )
+            cond.update(negative_prompt_embeds=npe, negative_pooled_prompt_embeds=npooled)
+        return cond
+
+    def prepare_latents(self, batch_size, height, width, generators):
+        channels = self.pipeline.transformer.config.in_channels // 4
+        dtype = self.pipeline.transformer.dtype
+        latents, _ = self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
+        return latents  # (B, seq, C * 4)
+
+    def set_timesteps(self, num_inference_steps, latents):
+        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+        kwargs: dict[str, Any] = {"sigmas": sigmas}
+        if self.scheduler.config.get("use_flow_sigmas", False):
+            kwargs = {}
+        if self.scheduler.config.get("use_dynamic_shifting", False):
+            kwargs["mu"] = _calculate_shift(latents.shape[1], self.scheduler.config, 1.15)
+        self.scheduler.set_timesteps(num_inference_steps, device=self.device, **kwargs)
+        return self.scheduler.timesteps
+
+    def _ids(self, settings: RolloutSettings, conditioning: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = self.pipeline.vae_scale_factor * 2
+        h, w = int(settings.height) // scale, int(settings.width) // scale
+        image_ids = self.pipeline._prepare_latent_image_ids(1, h, w, self.device, self.pipeline.transformer.dtype)
+        text_ids = torch.zeros(conditioning["prompt_embeds"].shape[1], 3, device=self.device)
+        return image_ids, text_ids.to(self.pipeline.transformer.dtype)
+
+    def predict(self, latents, step_index, conditioning, settings):
+        transformer = self.pipeline.transformer
+        t = self._timestep(step_index) / 1000
+        image_ids, text_ids = self._ids(settings, conditioning)
+        guidance = None
+        if self.guidance_embedded:
+            guidance = torch.full((latents.shape[0],), settings.guidance_scale, device=self.device)
+
+        def call(embeds: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+            return transformer(
+                hidden_states=latents.to(transformer.dtype), timestep=t.to(transformer.dtype), guidance=guidance,
+                pooled_projections=pooled.to(transformer.dtype), encoder_hidden_states=embeds.to(transformer.dtype),
+                txt_ids=text_ids, img_ids=image_ids, return_dict=False,
+            )[0]
+
+        out = call(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
+        if self._uses_cfg(settings.guidance_scale):
+            negative = call(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
+            out = negative + settings.guidance_scale * (out - negative)
+        return out
+
+    def decode(self, latents, settings):
+        vae = self.pipeline.vae
+        latents = self.pipeline._unpack_latents(latents, settings.height, settings.width, self.pipeline.vae_scale_factor)
+        latents = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        return (vae.decode(latents, return_dict=False)[0] / 2 + 0.5).clamp(0, 1)
+
+
+class SanaPolicy(FlowPolicy):
+    """SANA (``SanaPipeline``: linear-attention DiT, deep-compression autoencoder, Gemma2 encoder)."""
+
+    def _call_default(self, name: str) -> Any:
+        return inspect.signature(type(self.pipeline).__call__).parameters[name].default
+
+    def encode_prompts(self, prompts, guidance_scale, negative_prompt):
+        cfg = guidance_scale > 1.0
+        pe, mask, npe, nmask = self.pipeline.encode_prompt(
+            prompts, cfg, negative_prompt=negative_prompt, device=self.device,
+            max_sequence_length=self._call_default("max_sequence_length"),
+            complex_human_instruction=self._call_default("complex_human_instruction"),
+        )
+        cond = {"prompt_embeds": pe, "prompt_attention_mask": mask}
+        if cfg:
+            cond.update(negative_prompt_embeds=npe, negative_prompt_attention_mask=nmask)
+        return cond
+
+    def prepare_latents(self, batch_size, height, width, generators):
+        channels = self.pipeline.transformer.config.in_channels
+        return self.pipeline.prepare_latents(batch_size, channels, height, width, torch.float32, self.device, generators)
+
+    def set_timesteps(self, num_inference_steps, latents):
+        self.scheduler.set_timesteps(num_inference_steps, device=self.device)
+        return self.scheduler.timesteps
+
+    def predict(self, latents, step_index, conditioning, settings):
+        transformer = self.pipeline.transformer
+        cfg = settings.guidance_scale > 1.0
+        t = self._timestep(step_index) * transformer.config.timestep_scale
+        x, embeds, mask = latents, conditioning["prompt_embeds"], conditioning["prompt_attention_mask"]
+        if cfg:
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
+            mask = torch.cat([conditioning["negative_prompt_attention_mask"], mask])
+        out = transformer(
+            x.to(transformer.dtype), encoder_hidden_states=embeds.to(transformer.dtype), encoder_attention_mask=mask,
+            timestep=t, return_dict=False,
+        )[0].float()
+        if cfg:
+            out = self._guided(out, settings)
+        if transformer.config.out_channels // 2 == latents.shape[1]:  # learned sigma: keep the mean
+            out = out.chunk(2, dim=1)[0]
+        return out
+
+    def decode(self, latents, settings):
+        vae = self.pipeline.vae
+        image = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]
+        return (image / 2 + 0.5).clamp(0, 1)
+
+
+FLOW_ARCHITECTURES: dict[str, type[FlowPolicy]] = {
+    "StableDiffusion3Pipeline": SD3Policy,
+    "FluxPipeline": FluxPolicy,
+    "SanaPipeline": SanaPolicy,
+}

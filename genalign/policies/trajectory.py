@@ -1,0 +1,111 @@
+"""The record of a rollout: everything needed to score it and to recompute its log-probs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Sampling settings a trajectory was drawn with; log-prob recomputation reuses them exactly.
+
+    ``eta`` is DDIM's stochasticity (sd family), ``noise_level`` and ``mode`` the flow SDE's
+    (flow family); a family ignores the settings of the others.
+    """
+
+    num_inference_steps: int
+    guidance_scale: float
+    height: int
+    width: int
+    eta: float = 1.0
+    noise_level: float = 0.7
+    mode: str = "sde"
+
+
+@dataclass
+class Trajectory:
+    """A batch of B denoising trajectories of T steps.
+
+    Attributes:
+        prompts: the B prompts, each group's prompt repeated ``group_size`` times.
+        group_ids: ``[B]`` long, the index of each sample's prompt group.
+        seeds: ``[B]`` long, the seed of each sample's generator (initial noise and step noise).
+        latents: ``[B, T + 1, *latent_shape]``: x_T (the initial noise) ... x_0, in sampling order.
+        timesteps: ``[B, T]`` the model timesteps of each step.
+        log_probs: ``[B, T]`` fp32 exact log-density of ``latents[:, i + 1]`` given ``latents[:, i]``.
+        images: ``[B, 3, H, W]`` decoded samples in [0, 1].
+        conditioning: per-family prompt conditioning, each tensor ``[B, ...]`` (positive and,
+            under classifier-free guidance, ``negative_*`` entries).
+        settings: the :class:`RolloutSettings` used.
+    """
+
+    prompts: list[str]
+    group_ids: torch.Tensor
+    seeds: torch.Tensor
+    latents: torch.Tensor
+    timesteps: torch.Tensor
+    log_probs: torch.Tensor
+    images: torch.Tensor
+    conditioning: dict[str, torch.Tensor]
+    settings: RolloutSettings
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.latents.shape[0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.timesteps.shape[1]
+
+    def select(self, index: torch.Tensor | list[int] | slice) -> Trajectory:
+        """The sub-batch at ``index`` (a slice, index list or boolean mask over B)."""
+        if isinstance(index, slice):
+            positions = list(range(self.batch_size))[index]
+        elif torch.is_tensor(index) and index.dtype == torch.bool:
+            positions = index.nonzero().flatten().tolist()
+        else:
+            positions = [int(i) for i in (index.tolist() if torch.is_tensor(index) else index)]
+        rows = torch.tensor(positions, dtype=torch.long)
+
+        def take(value: Any) -> Any:
+            if torch.is_tensor(value) and value.ndim > 0 and value.shape[0] == self.batch_size:
+                return value[rows.to(value.device)]
+            return value
+
+        changes = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "prompts":
+                changes[f.name] = [value[i] for i in positions]
+            elif isinstance(value, dict):
+                changes[f.name] = {k: take(v) for k, v in value.items()}
+            elif f.name != "settings":
+                changes[f.name] = take(value)
+        return replace(self, **changes)
+
+    @staticmethod
+    def concat(trajectories: list[Trajectory]) -> Trajectory:
+        """Join trajectories drawn with the same settings along the batch dimension."""
+        first = trajectories[0]
+        if any(t.settings != first.settings for t in trajectories):
+            raise ValueError("cannot concatenate trajectories drawn with different settings")
+        offset, group_ids = 0, []
+        for t in trajectories:
+            group_ids.append(t.group_ids + offset)
+            offset += int(t.group_ids.max()) + 1 if t.group_ids.numel() else 0
+        return Trajectory(
+            prompts=[p for t in trajectories for p in t.prompts],
+            group_ids=torch.cat(group_ids),
+            seeds=torch.cat([t.seeds for t in trajectories]),
+            latents=torch.cat([t.latents for t in trajectories]),
+            timesteps=torch.cat([t.timesteps for t in trajectories]),
+            log_probs=torch.cat([t.log_probs for t in trajectories]),
+            images=torch.cat([t.images for t in trajectories]),
+            conditioning={k: torch.cat([t.conditioning[k] for t in trajectories]) for k in first.conditioning},
+            settings=first.settings,
+            extras=dict(first.extras),
+        )

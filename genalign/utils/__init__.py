@@ -1,0 +1,1 @@
+"""Small shared helpers (images, progress bars)."""
