@@ -1,0 +1,111 @@
+"""Multistep consistency sampling as a Gaussian policy (the RLCM policy).
+
+A latent consistency model (Luo et al. 2023, "Latent Consistency Models", eq. 9 and Algorithm 3)
+maps ``x_t`` to a clean estimate with boundary-condition scalings
+``f(x_t, t) = c_skip(t) x_t + c_out(t) x0_hat(x_t, t)``, ``c_skip = s^2 / ((k t)^2 + s^2)``,
+``c_out = k t / sqrt((k t)^2 + s^2)`` (``s = sigma_data = 0.5``, ``k = timestep_scaling``), then
+re-noises it to the next timestep ``t'`` of the schedule. RLCM (Oertell et al. 2024, "RL for
+Consistency Models: Faster Reward Guided Text-to-Image Generation", Sec. 4) reads that re-noising
+as the policy::
+
+    pi(x_{t'} | x_t, c) = N(sqrt(a_{t'}) f(x_t, t), (1 - a_{t'}) I)
+
+The last step of the schedule has no next timestep: ``x_0 = f(x_t, t)`` deterministically.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from genalign.sampling.types import (
+    GeneratorLike,
+    StepOutput,
+    batched_index,
+    clip_or_threshold,
+    original_and_epsilon,
+    per_sample,
+    sample_or_score,
+)
+
+if TYPE_CHECKING:
+    from diffusers import LCMScheduler
+
+SIGMA_DATA = 0.5  # fixed in diffusers' LCMScheduler and the LCM release
+
+
+def consistency_step(
+    scheduler: LCMScheduler,
+    model_output: Tensor,
+    timestep: int | Tensor,
+    sample: Tensor,
+    prev_sample: Tensor | None = None,
+    generator: GeneratorLike = None,
+) -> StepOutput:
+    """One multistep-consistency step ``x_t -> x_{t'}`` with its exact Gaussian log-probability.
+
+    Mirrors diffusers' ``LCMScheduler.step`` (``prediction_type``, ``clip_sample`` /
+    ``thresholding``, ``c_skip`` / ``c_out``, ``denoised = c_out x0_hat + c_skip x_t``) without
+    its step counter: each sample's position is found by matching its timestep in
+    ``scheduler.timesteps`` (the first match), and ``t'`` is the next entry.
+
+    * non-final step: ``mean = sqrt(a_{t'}) denoised``, ``std = sqrt(1 - a_{t'})``;
+    * final step (last entry of ``scheduler.timesteps``): ``prev_sample = mean = denoised``,
+      ``std = 0``, ``log_prob = 0``. diffusers does the same (it tests
+      ``step_index == num_inference_steps - 1``, which is the last entry except for custom
+      schedules shortened by ``strength``). RLCM's reference code instead sets ``t' = t`` at the
+      last step, draws ``sqrt(a_t) denoised + sqrt(1 - a_t) z`` and counts that Gaussian in the
+      log-likelihood, while decoding the image from ``denoised``: that extra term scores noise
+      the reward never sees, so it is dropped here.
+
+    Args:
+        scheduler: an ``LCMScheduler`` after ``set_timesteps``.
+        model_output: ``[B, C, H, W]`` (or any ``[B, ...]``) noise / v / x0 prediction.
+        timestep: current timestep, an entry of ``scheduler.timesteps``: python int, 0-d tensor or
+            LongTensor ``[B]`` (one per sample).
+        sample: ``[B, ...]`` current sample ``x_t``.
+        prev_sample: ``[B, ...]`` a given ``x_{t'}`` to score instead of sampling one.
+        generator: a ``torch.Generator`` or a list with one per sample.
+
+    Returns:
+        :class:`StepOutput` with fp32 ``mean`` ``[B, ...]``, ``std`` ``[B, 1, ..., 1]``,
+        ``log_prob`` ``[B]``, ``pred_original_sample = denoised`` (the consistency output
+        ``f(x_t, t)``) and ``prev_sample`` in ``sample.dtype``.
+    """
+    if scheduler.num_inference_steps is None:
+        raise ValueError("call `scheduler.set_timesteps(...)` before `consistency_step`")
+    x = sample.float()  # (B, C, H, W)
+    output = model_output.float()  # (B, C, H, W)
+    alphas_cumprod = scheduler.alphas_cumprod.float()
+    device = alphas_cumprod.device
+    schedule = scheduler.timesteps.to(device)  # (N,)
+    t = batched_index(timestep, x.shape[0], device, "timestep")  # (B,)
+
+    matches = t[:, None] == schedule[None, :]  # (B, N)
+    if not bool(matches.any(dim=1).all()):
+        raise ValueError(f"timestep {timestep!r} is not in scheduler.timesteps {schedule.tolist()}")
+    index = matches.long().argmax(dim=1)  # (B,) first match
+    is_last = index == len(schedule) - 1  # (B,)
+    prev_t = schedule[(index + 1).clamp(max=len(schedule) - 1)]  # (B,), unused where is_last
+
+    final_alpha = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32).to(device)
+    alpha_prod_t = per_sample(alphas_cumprod[t], x)  # (B, 1, 1, 1)
+    alpha_prod_prev = torch.where(prev_t >= 0, alphas_cumprod[prev_t.clamp(min=0)], final_alpha)  # (B,)
+
+    # boundary conditions: c_skip(0) = 1, c_out(0) = 0, so f(x, 0) = x
+    scaled_t = per_sample(t.float() * scheduler.config.timestep_scaling, x)  # (B, 1, 1, 1)
+    c_skip = SIGMA_DATA**2 / (scaled_t**2 + SIGMA_DATA**2)
+    c_out = scaled_t / (scaled_t**2 + SIGMA_DATA**2).sqrt()
+
+    original, _ = original_and_epsilon(scheduler.config.prediction_type, output, x, alpha_prod_t)
+    original = clip_or_threshold(scheduler.config, original)
+    denoised = c_out * original + c_skip * x  # (B, C, H, W)
+
+    scale = per_sample(torch.where(is_last, torch.ones_like(alpha_prod_prev), alpha_prod_prev.sqrt()), x)
+    std = per_sample(torch.where(is_last, torch.zeros_like(alpha_prod_prev), (1 - alpha_prod_prev).sqrt()), x)
+    mean = scale * denoised  # (B, C, H, W)
+
+    stochastic = not bool(is_last.all())
+    return sample_or_score(mean, std, denoised, sample.dtype, prev_sample, generator, stochastic)
