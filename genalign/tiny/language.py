@@ -1,0 +1,177 @@
+"""Tiny, randomly initialised causal LM and VLM of real architectures, built offline.
+
+* :func:`qwen2_lm` — a ``Qwen2ForCausalLM`` with a byte-level BPE tokenizer and a Qwen-style
+  chat template: the stand-in for prompt rewriters and SVG writers.
+* :func:`llava_vlm` — a ``LlavaForConditionalGeneration`` (CLIP vision tower, two-layer
+  projector, Qwen2 language model) with a ``LlavaProcessor``: the stand-in for VLM judges.
+
+Both tokenizers pad on the left, so batched ``generate`` works as is, and both models carry a
+generation config whose end-of-sequence ids are ``<|im_end|>`` and ``<|endoftext|>``, so chat
+generation stops at the end of the assistant's turn. Weights are random and seeded (the global
+torch RNG is left as it was); ``save_to`` writes model and tokenizer/processor into one folder
+that ``AutoModelForCausalLM`` / ``AutoModelForImageTextToText`` and ``AutoTokenizer`` /
+``AutoProcessor`` reload.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
+)
+
+from genalign.tiny.tokenizers import QWEN_STYLE_CHAT_TEMPLATE, train_bpe_tokenizer
+
+__all__ = ["chat_tokenizer", "llava_vlm", "qwen2_lm"]
+
+IMAGE_TOKEN = "<image>"
+VISION_PATCH_SIZE = 8
+CLIP_IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def chat_tokenizer() -> Qwen2Tokenizer:
+    """The byte-level BPE chat tokenizer of the tiny LM and VLM (400 ids), as a ``Qwen2Tokenizer``.
+
+    The vocabulary and merges come from :func:`~genalign.tiny.tokenizers.train_bpe_tokenizer`
+    (ids 0..4: ``<|endoftext|>`` (EOS), ``<|im_start|>``, ``<|im_end|>``, ``<image>``, ``<pad>``).
+    They are wrapped in ``Qwen2Tokenizer`` rather than a generic fast tokenizer because
+    ``AutoTokenizer`` rebuilds a folder whose model is ``qwen2`` as ``Qwen2Tokenizer`` (with
+    Qwen's pre-tokenizer) whatever ``tokenizer_config.json`` says; wrapping it so from the start
+    makes the built and the reloaded tokenizer split text identically. Pads on the left.
+    """
+    bpe = json.loads(train_bpe_tokenizer().backend_tokenizer.to_str())["model"]
+    return Qwen2Tokenizer(
+        vocab=bpe["vocab"],
+        merges=[tuple(merge) for merge in bpe["merges"]],
+        unk_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<pad>",
+        extra_special_tokens=["<|im_start|>", "<|im_end|>", IMAGE_TOKEN],
+        padding_side="left",
+        model_max_length=2048,
+        chat_template=QWEN_STYLE_CHAT_TEMPLATE,
+    )
+
+
+def _qwen2_config(tokenizer: Qwen2Tokenizer) -> Qwen2Config:
+    """A 2-layer Qwen2 (hidden 32, 4 query / 2 key-value heads, tied embeddings like Qwen2-0.5B)."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=tokenizer.model_max_length,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _set_generation_defaults(model: PreTrainedModel, tokenizer: Qwen2Tokenizer) -> None:
+    """Stop at the end of a chat turn or of the text, and pad with the tokenizer's pad id."""
+    model.generation_config.eos_token_id = [
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.eos_token_id,
+    ]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+
+
+def qwen2_lm(seed: int = 0, save_to: str | Path | None = None) -> tuple[Qwen2ForCausalLM, Qwen2Tokenizer]:
+    """A tiny ``Qwen2ForCausalLM`` (31.5k parameters, 130 kB saved) and its chat tokenizer.
+
+    The tokenizer is :func:`chat_tokenizer` (byte-level BPE, so any text tokenizes, with
+    ``<|im_start|>``/``<|im_end|>`` chat turns); the model's embedding rows match
+    ``len(tokenizer)`` (400) exactly. Returned in eval mode.
+    """
+    tokenizer = chat_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(_qwen2_config(tokenizer))
+    _set_generation_defaults(model, tokenizer)
+    model.eval()
+    if save_to is not None:
+        model.save_pretrained(save_to)
+        tokenizer.save_pretrained(save_to)
+    return model, tokenizer
+
+
+def llava_vlm(
+    seed: int = 0, save_to: str | Path | None = None, image_size: int = 32
+) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """A tiny LLaVA-1.5-style VLM (57.6k parameters, 240 kB saved) and its processor.
+
+    The CLIP vision tower (2 layers, hidden 32, patch 8) sees ``image_size`` px images;
+    LLaVA's ``"default"`` feature selection drops the CLS token and reads the penultimate
+    layer, so each image becomes ``(image_size // 8) ** 2`` tokens (16 at 32 px) that the
+    processor expands ``<image>`` into. The processor resizes the shortest edge to
+    ``image_size``, centre-crops to a square and normalises with CLIP's mean and std; it
+    carries the same Qwen-style chat template as the tokenizer, rendering image parts as
+    ``<image>``. ``AutoProcessor`` reloads its tokenizer as a generic ``TokenizersBackend``
+    (transformers maps ``llava`` folders so), which reads the saved ``tokenizer.json`` as is and
+    tokenizes identically.
+    """
+    if image_size % VISION_PATCH_SIZE:
+        raise ValueError(f"image_size={image_size} must be a multiple of the patch size {VISION_PATCH_SIZE}")
+    tokenizer = chat_tokenizer()
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    num_image_tokens = (image_size // VISION_PATCH_SIZE) ** 2
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(
+            image_size=image_size,
+            patch_size=VISION_PATCH_SIZE,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            projection_dim=32,
+            hidden_act="quick_gelu",
+        ),
+        text_config=_qwen2_config(tokenizer),
+        image_token_id=image_token_id,
+        image_seq_length=num_image_tokens,
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    _set_generation_defaults(model, tokenizer)
+    model.eval()
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        do_center_crop=True,
+        image_mean=CLIP_IMAGE_MEAN,
+        image_std=CLIP_IMAGE_STD,
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=VISION_PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
+        image_token=IMAGE_TOKEN,
+        chat_template=QWEN_STYLE_CHAT_TEMPLATE,
+    )
+    if save_to is not None:
+        model.save_pretrained(save_to)
+        processor.save_pretrained(save_to)
+    return model, processor

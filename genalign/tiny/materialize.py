@@ -1,0 +1,55 @@
+"""``tiny:NAME`` model paths: build a tiny model once, save it, and load it like any folder.
+
+Recipes under ``configs/tiny/`` name models as ``tiny:sd``, ``tiny:flux`` ... The first use
+builds the model with its :mod:`genalign.tiny` builder (seed 0), saves it with
+``save_pretrained`` into a cache folder, and every use then loads that folder through the same
+``from_pretrained`` path a hub model takes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+TINY_PREFIX = "tiny:"
+
+
+def _builders() -> dict[str, Callable]:
+    from genalign.tiny import diffusion
+
+    return {
+        "sd": diffusion.sd_pipeline,
+        "sdxl": diffusion.sdxl_pipeline,
+        "sd3": diffusion.sd3_pipeline,
+        "flux": diffusion.flux_pipeline,
+        "sana": diffusion.sana_pipeline,
+        "lcm": diffusion.lcm_pipeline,
+    }
+
+
+def tiny_cache_dir() -> Path:
+    return Path(os.environ.get("GENALIGN_TINY_CACHE", Path.home() / ".cache" / "genalign" / "tiny"))
+
+
+def materialize(path: str | Path) -> str:
+    """Resolve ``tiny:NAME`` to a saved folder (building it on first use); other paths pass through."""
+    text = str(path)
+    if not text.startswith(TINY_PREFIX):
+        return text
+    name = text[len(TINY_PREFIX) :]
+    builders = _builders()
+    if name not in builders:
+        raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(sorted(builders))}")
+    folder = tiny_cache_dir() / name
+    if not (folder / "model_index.json").is_file():
+        staging = folder.with_name(f"{name}.tmp-{os.getpid()}")
+        builders[name](seed=0, save_to=staging)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process finished first
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(folder)
