@@ -81,6 +81,30 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from genalign.trainers.config import load_recipe
+    from genalign.trainers.trainer import build_trainer
+
+    config = load_recipe(args.config, args.overrides)
+    trainer = build_trainer(config, base_dir=Path(args.config).parent)
+    main_process = trainer.is_main_process
+    if main_process:
+        print(f"run folder: {trainer.run_dir}")
+    history = trainer.train()
+    if main_process:
+        applied = [m for m in history if not m.get("skipped")]
+        if applied:
+            first, last = applied[0], applied[-1]
+            print(
+                f"mean reward: step {first['step']}: {first['reward_mean']:.4f} +- {first['reward_stderr']:.4f}  ->  "
+                f"step {last['step']}: {last['reward_mean']:.4f} +- {last['reward_stderr']:.4f}"
+            )
+        print(f"run folder: {trainer.run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genalign", description="Align image, SVG and video generators with reward models."
@@ -90,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="list registered policy families, rewards and trainers")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("train", help="fine-tune a generator with RL from a YAML recipe")
+    p.add_argument("config", help="recipe YAML, e.g. configs/tiny/ddpo_jpeg.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sample", help="sample images from a model (hub id or local folder)")
     p.add_argument("model", help="hub id or local diffusers folder")
@@ -126,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as error:
+    except (ValueError, FileNotFoundError, KeyError) as error:  # ConfigError is a ValueError
         print(f"genalign: error: {error}", file=sys.stderr)
         return 2
 

@@ -70,6 +70,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         value_type = args[1] if len(args) == 2 else Any
         return {k: _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
         return float(value)

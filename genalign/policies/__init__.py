@@ -31,9 +31,12 @@ def register_policy(name: str):
 
 
 def load_policy(family: str, path: str | Path, **kwargs: Any) -> DiffusionPolicy:
-    """Load a policy of ``family`` from a hub id or local folder (kwargs go to ``from_pretrained``)."""
+    """Load a policy of ``family`` from a hub id, a local folder, or ``tiny:NAME`` (an offline tiny
+    model, see :mod:`genalign.tiny.materialize`); kwargs go to ``from_pretrained``."""
+    from genalign.tiny.materialize import materialize
+
     cls = POLICIES.get(family)
-    return cls.from_pretrained(path, **kwargs)
+    return cls.from_pretrained(materialize(path), **kwargs)
 
 
 def list_policies() -> list[str]:

@@ -43,6 +43,7 @@ class LoraSpec:
     alpha: float | None = None
     target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
     dropout: float = 0.0
+    seed: int = 0  # the adapters' initialisation is drawn from this seed, not the global RNG
 
     def to_peft(self):
         from peft import LoraConfig
@@ -86,12 +87,19 @@ def check_model_folder(path: str | Path) -> None:
 
 
 def per_sample_generators(
-    batch_size: int, generator: torch.Generator | int | None, device: torch.device | str
+    batch_size: int,
+    generator: torch.Generator | int | None,
+    device: torch.device | str,
+    seeds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Generator]]:
-    """Draw one seed per sample (from an int seed or a generator) and build its generator."""
-    if isinstance(generator, int):
-        generator = torch.Generator().manual_seed(generator)
-    seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
+    """One generator per sample, from given ``seeds`` or from seeds drawn off ``generator``."""
+    if seeds is None:
+        if isinstance(generator, int):
+            generator = torch.Generator().manual_seed(generator)
+        seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
+    seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
+    if seeds.shape != (batch_size,):
+        raise ValueError(f"seeds must have shape ({batch_size},), got {tuple(seeds.shape)}")
     gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
     return seeds, gens
 
@@ -159,7 +167,9 @@ class DiffusionPolicy(torch.nn.Module):
         denoiser = self.denoiser
         denoiser.requires_grad_(False)
         if self.lora is not None:
-            denoiser.add_adapter(self.lora.to_peft())
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.lora.seed)
+                denoiser.add_adapter(self.lora.to_peft())
             for name, parameter in denoiser.named_parameters():
                 if "lora_" in name:
                     parameter.data = parameter.data.float()
@@ -177,6 +187,12 @@ class DiffusionPolicy(torch.nn.Module):
             check_model_folder(path)
         from diffusers import DiffusionPipeline
 
+        # Components saved as null (SD3 without T5, a pipeline without safety checker) must be
+        # passed as None explicitly, or diffusers insists on loading them.
+        index = DiffusionPipeline.load_config(str(path))
+        for name, spec in index.items():
+            if not name.startswith("_") and isinstance(spec, list) and spec[0] is None:
+                kwargs.setdefault(name, None)
         loader = cls.pipeline_class or DiffusionPipeline
         return loader.from_pretrained(str(path), **kwargs)
 
@@ -313,6 +329,7 @@ class DiffusionPolicy(torch.nn.Module):
         height: int | None = None,
         width: int | None = None,
         latents: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,
     ) -> Trajectory:
         """Sample ``group_size`` trajectories for each prompt, recording exact step log-probs.
 
@@ -322,6 +339,8 @@ class DiffusionPolicy(torch.nn.Module):
             generator: an int seed or a ``torch.Generator`` from which one seed per sample is drawn;
                 each sample then has its own generator, so a sample is reproducible from its seed.
             latents: optional initial noise ``[B, ...]`` (else drawn from the per-sample generators).
+            seeds: optional per-sample seeds ``[B]`` (overrides ``generator``); a sample drawn with
+                the same seed and settings is the same sample, in any batch.
         """
         num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
         validate_rollout_arguments(prompts, num_inference_steps, group_size)
@@ -329,7 +348,7 @@ class DiffusionPolicy(torch.nn.Module):
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
         group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
-        seeds, generators = per_sample_generators(batch, generator, self.device)
+        seeds, generators = per_sample_generators(batch, generator, self.device, seeds)
 
         # 1. Encode prompts (positive and, under CFG, negative)
         conditioning = self.encode_prompts(expanded, settings.guidance_scale, negative_prompt)
@@ -341,7 +360,7 @@ class DiffusionPolicy(torch.nn.Module):
         # 3. Timesteps
         timesteps = self.set_timesteps(settings.num_inference_steps, latents)
         # 4. Denoising loop through the kernel
-        all_latents, log_probs = [latents], []
+        all_latents, log_probs, stds = [latents], [], []
         for i in range(len(timesteps)):
             step_index = torch.full((batch,), i, dtype=torch.long)
             model_output = self.predict(latents, step_index, conditioning, settings)
@@ -349,6 +368,7 @@ class DiffusionPolicy(torch.nn.Module):
             latents = out.prev_sample
             all_latents.append(latents)
             log_probs.append(out.log_prob)
+            stds.append(out.std.reshape(batch, -1)[:, 0].float())
         # 5. Decode
         images = self.decode(latents, settings).float()
         return Trajectory(
@@ -358,6 +378,7 @@ class DiffusionPolicy(torch.nn.Module):
             latents=torch.stack(all_latents, dim=1),
             timesteps=timesteps.to(self.device)[None].expand(batch, -1).clone(),
             log_probs=torch.stack(log_probs, dim=1),
+            stds=torch.stack(stds, dim=1),
             images=images,
             conditioning=conditioning,
             settings=settings,

@@ -36,6 +36,8 @@ class Trajectory:
         latents: ``[B, T + 1, *latent_shape]``: x_T (the initial noise) ... x_0, in sampling order.
         timesteps: ``[B, T]`` the model timesteps of each step.
         log_probs: ``[B, T]`` fp32 exact log-density of ``latents[:, i + 1]`` given ``latents[:, i]``.
+        stds: ``[B, T]`` fp32 standard deviation of each step (0 for a deterministic step, which has
+            no density and is never trained on).
         images: ``[B, 3, H, W]`` decoded samples in [0, 1].
         conditioning: per-family prompt conditioning, each tensor ``[B, ...]`` (positive and,
             under classifier-free guidance, ``negative_*`` entries).
@@ -48,6 +50,7 @@ class Trajectory:
     latents: torch.Tensor
     timesteps: torch.Tensor
     log_probs: torch.Tensor
+    stds: torch.Tensor
     images: torch.Tensor
     conditioning: dict[str, torch.Tensor]
     settings: RolloutSettings
@@ -60,6 +63,10 @@ class Trajectory:
     @property
     def num_steps(self) -> int:
         return self.timesteps.shape[1]
+
+    def stochastic_steps(self) -> torch.Tensor:
+        """Indices of the steps that are stochastic for every sample (the trainable ones)."""
+        return (self.stds > 0).all(dim=0).nonzero().flatten().cpu()
 
     def select(self, index: torch.Tensor | list[int] | slice) -> Trajectory:
         """The sub-batch at ``index`` (a slice, index list or boolean mask over B)."""
@@ -104,6 +111,7 @@ class Trajectory:
             latents=torch.cat([t.latents for t in trajectories]),
             timesteps=torch.cat([t.timesteps for t in trajectories]),
             log_probs=torch.cat([t.log_probs for t in trajectories]),
+            stds=torch.cat([t.stds for t in trajectories]),
             images=torch.cat([t.images for t in trajectories]),
             conditioning={k: torch.cat([t.conditioning[k] for t in trajectories]) for k in first.conditioning},
             settings=first.settings,

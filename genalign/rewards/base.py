@@ -100,18 +100,23 @@ class Reward(torch.nn.Module):
             if isinstance(prompts, str):
                 raise ValueError(f"{self.name}: prompts must be a list of strings, not a single string")
             if len(prompts) != batch:
-                raise ValueError(f"{self.name}: got {batch} images but {len(prompts)} prompts")
+                shape = f" (shape {tuple(images.shape)})" if torch.is_tensor(images) else ""
+                raise ValueError(f"{self.name}: got {batch} images{shape} but {len(prompts)} prompts")
         return batch
 
     def _check_output(self, out: RewardOutput, batch: int) -> RewardOutput:
         scores = out.scores
         if scores.shape != (batch,):
-            raise RuntimeError(f"{self.name} returned scores of shape {tuple(scores.shape)}, expected ({batch},)")
+            raise RuntimeError(
+                f"{self.name} returned scores of shape {tuple(scores.shape)}, expected ({batch},)"
+            )
         nan = torch.isnan(scores.detach())
         count = int(nan.sum())
         out.details.setdefault("nan_count", count)
         if count:
-            message = f"{self.name}: {count} of {batch} scores are NaN (indices {nan.nonzero().flatten().tolist()})"
+            message = (
+                f"{self.name}: {count} of {batch} scores are NaN (indices {nan.nonzero().flatten().tolist()})"
+            )
             if self.strict:
                 raise FloatingPointError(message)
             logger.warning(message)
@@ -131,7 +136,9 @@ def validate_images(images: Any) -> int:
     if images.numel():
         lo, hi = float(images.detach().min()), float(images.detach().max())
         if lo < -1e-4 or hi > 1 + 1e-4:
-            raise ValueError(f"images must be in [0, 1], got values in [{lo:.4g}, {hi:.4g}] (shape {tuple(images.shape)})")
+            raise ValueError(
+                f"images must be in [0, 1], got values in [{lo:.4g}, {hi:.4g}] (shape {tuple(images.shape)})"
+            )
     return images.shape[0]
 
 

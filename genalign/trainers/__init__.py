@@ -3,6 +3,46 @@
 from __future__ import annotations
 
 from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
+from genalign.trainers.losses import LOSSES, PolicyLoss, PPOClipLoss
+from genalign.trainers.strategies import STRATEGIES, GroupRolloutStrategy, RolloutBatch, RolloutStrategy
+from genalign.trainers.trainer import Trainer, build_trainer
 
-__all__ = ["Checkpoint", "ParameterEMA", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+METHODS = {
+    "ddpo": "sd family, DDIM eta=1, per-prompt stat tracker, PPO-clip (Black et al. 2023)",
+    "grpo": "any family, group-relative advantages, PPO-clip (Shao et al. 2024)",
+    "flow_grpo": "flow family, SDE rollouts, group advantages, KL to reference (Liu et al. 2025)",
+    "rlcm": "consistency family, RLCM step policy, PPO-clip (Oertell et al. 2024)",
+}
+
+
+def list_trainers() -> dict[str, list[str]]:
+    """Sections for ``genalign list``."""
+    return {
+        "methods": [f"{name}: {text}" for name, text in METHODS.items()],
+        "rollout strategies": STRATEGIES.names(),
+        "losses": LOSSES.names(),
+    }
+
+
+__all__ = [
+    "LOSSES",
+    "METHODS",
+    "STRATEGIES",
+    "Checkpoint",
+    "GroupRolloutStrategy",
+    "PPOClipLoss",
+    "ParameterEMA",
+    "PolicyLoss",
+    "RecipeConfig",
+    "RolloutBatch",
+    "RolloutStrategy",
+    "Trainer",
+    "build_trainer",
+    "latest_checkpoint",
+    "list_trainers",
+    "load_checkpoint",
+    "load_recipe",
+    "save_checkpoint",
+]

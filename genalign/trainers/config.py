@@ -1,0 +1,201 @@
+"""Typed schemas of a training recipe (``genalign train configs/...yaml key=value ...``).
+
+A recipe has five sections: ``model`` (what to load and train), ``sampling`` (how rollouts are
+drawn), ``reward``, ``prompts`` and ``train`` (the RL algorithm and optimiser). Cross-field checks
+run at load time and name the offending keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from genalign.config import ConfigError, load_config, to_dict
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 4
+    alpha: float | None = None
+    target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    dropout: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """``family``: a registered policy family (``genalign list``); ``path``: hub id or local folder."""
+
+    family: str = "sd"
+    path: str = ""
+    lora: LoraConfig | None = field(default_factory=LoraConfig)
+    dtype: str | None = None  # weight dtype of the frozen parts, e.g. "bfloat16"
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("model.path is required (a hub id or a local diffusers folder)")
+
+
+@dataclass
+class SamplingConfig:
+    num_inference_steps: int = 20
+    guidance_scale: float = 5.0
+    eta: float = 1.0  # sd family (DDIM)
+    noise_level: float = 0.7  # flow family (SDE)
+    mode: Literal["sde", "cps", "ode"] = "sde"
+    height: int | None = None
+    width: int | None = None
+    negative_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_inference_steps <= 0:
+            raise ConfigError(f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}")
+
+
+@dataclass
+class RewardConfig:
+    name: str = "jpeg_compressibility"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptsConfig:
+    """Prompts as an inline list, or a text file with one prompt per line."""
+
+    prompts: list[str] = field(default_factory=list)
+    file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompts and not self.file:
+            raise ConfigError("prompts: give prompts.prompts (a list) or prompts.file (one prompt per line)")
+
+    def load(self, base_dir: Path | None = None) -> list[str]:
+        if self.prompts:
+            return list(self.prompts)
+        path = Path(self.file)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts.file not found: {path}")
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        prompts = [line for line in lines if line and not line.startswith("#")]
+        if not prompts:
+            raise ConfigError(f"prompts.file {path} holds no prompts")
+        return prompts
+
+
+@dataclass
+class TrainConfig:
+    """The RL algorithm and optimiser.
+
+    Batch arithmetic: each step draws ``prompts_per_step`` prompts and ``group_size`` samples for
+    each, so ``batch_size = prompts_per_step * group_size`` samples (across all processes). Each
+    inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
+    ``timestep_fraction`` of the stochastic steps; one optimiser step per
+    ``gradient_accumulation_steps`` minibatches.
+    """
+
+    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm"] = "grpo"
+    strategy: str = "groups"
+    loss: str = "ppo_clip"
+    num_steps: int = 10
+    prompts_per_step: int = 2
+    group_size: int = 4
+    batch_size: int | None = None  # alternative to prompts_per_step: samples per step
+    minibatch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    inner_epochs: int = 1
+    timestep_fraction: float = 1.0
+    learning_rate: float = 3e-4
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_weight_decay: float = 1e-4
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    lr_warmup_steps: int = 0
+    clip_range: float = 1e-4
+    ratio_reduction: Literal["sum", "mean"] = "mean"
+    advantage: Literal["group", "tracker", "batch"] = "group"
+    advantage_std: Literal["group", "global", "none"] = "group"
+    tracker_buffer_size: int = 32
+    tracker_min_count: int = 16
+    advantage_clip: float = 5.0
+    kl_coef: float = 0.0
+    kl_reduction: Literal["sum", "mean"] = "mean"
+    ema_decay: float | None = None
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None:
+            if self.group_size <= 0 or self.batch_size % self.group_size != 0:
+                raise ConfigError(
+                    f"train.group_size {self.group_size} does not divide train.batch_size {self.batch_size}: "
+                    f"a batch must hold whole prompt groups"
+                )
+            self.prompts_per_step = self.batch_size // self.group_size
+        for key in ("num_steps", "prompts_per_step", "group_size", "minibatch_size", "gradient_accumulation_steps", "inner_epochs"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
+        if not 0.0 < self.timestep_fraction <= 1.0:
+            raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
+        if self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
+            raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
+        if self.samples_per_step % self.minibatch_size != 0:
+            raise ConfigError(
+                f"train.minibatch_size {self.minibatch_size} does not divide the batch size "
+                f"{self.samples_per_step} (= prompts_per_step {self.prompts_per_step} x group_size {self.group_size})"
+            )
+        if self.kl_coef < 0:
+            raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: str = "runs/{name}"
+    trackers: list[Literal["wandb", "tensorboard"]] = field(default_factory=list)
+    sample_every: int = 0  # write a sample grid every N steps (0: never)
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_last: int = 2
+    resume: str | None = None  # "latest" or a checkpoint folder
+    progress: bool = True
+
+
+@dataclass
+class RecipeConfig:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="?"))
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    prompts: PromptsConfig = field(default_factory=lambda: PromptsConfig(prompts=["a photo"]))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        methods = {"ddpo": "sd", "flow_grpo": "flow", "rlcm": "consistency"}
+        family = methods.get(self.train.method)
+        if family is not None and self.model.family != family:
+            raise ConfigError(
+                f"train.method {self.train.method!r} is for the {family!r} family, but model.family is {self.model.family!r}"
+            )
+
+    def fingerprint(self) -> str:
+        """Identifies the recipe for resuming: model, reward and algorithm, not run-time knobs."""
+        data = to_dict(self)
+        data.pop("logging")
+        data["train"].pop("num_steps")
+        blob = json.dumps(data, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RecipeConfig:
+    """Load a recipe YAML with dotted overrides; errors name the key."""
+    return load_config(RecipeConfig, path, overrides)

@@ -1,0 +1,419 @@
+"""The training loop: rollout -> reward -> advantages -> inner epochs of PPO-style updates.
+
+``Trainer(policy, reward, strategy, loss, config)`` composes the four parts of DESIGN.md; the
+recipes (DDPO, GRPO, Flow-GRPO, RLCM) are choices of them made in YAML (``configs/``).
+
+Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
+
+1. the strategy draws the step's global batch, rolls out this process's share and scores it;
+2. a NaN reward skips the step (logged, nothing applied);
+3. for each inner epoch, the global batch is permuted and each sample gets a random subset of
+   its stochastic steps (``timestep_fraction``); every minibatch accumulates gradients over
+   those steps, and every ``gradient_accumulation_steps`` minibatches the optimiser steps;
+4. metrics are logged; checkpoints are written atomically.
+
+Distributed training goes through ``accelerate``: each process trains on its rows of the global
+batch, scales its loss by its share of the minibatch and gradients are summed across processes,
+so N processes compute the same update as one process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.algorithms import select_timesteps_per_sample
+from genalign.policies import DiffusionPolicy
+from genalign.rewards import Reward
+from genalign.trainers.checkpoint import (
+    capture_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from genalign.trainers.config import RecipeConfig
+from genalign.trainers.ema import ParameterEMA
+from genalign.trainers.losses import PolicyLoss
+from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer:
+    """RL fine-tuning of a generator policy against a reward.
+
+    Args:
+        policy: a :class:`~genalign.policies.DiffusionPolicy` with trainable parameters.
+        reward: a :class:`~genalign.rewards.Reward`.
+        strategy: decides which trajectories exist (``genalign.trainers.strategies``).
+        loss: turns them into gradients (``genalign.trainers.losses``).
+        config: the full :class:`RecipeConfig`.
+        prompts: the prompt pool.
+        accelerator: an ``accelerate.Accelerator`` (made from the config when None).
+    """
+
+    def __init__(
+        self,
+        policy: DiffusionPolicy,
+        reward: Reward,
+        strategy: RolloutStrategy,
+        loss: PolicyLoss,
+        config: RecipeConfig,
+        prompts: list[str],
+        accelerator: Any | None = None,
+    ) -> None:
+        from accelerate import Accelerator
+
+        self.policy, self.reward, self.strategy, self.loss, self.config = policy, reward, strategy, loss, config
+        self.prompts = list(prompts)
+        if not self.prompts:
+            raise ValueError("the prompt pool is empty")
+        train = config.train
+        self.run_dir = Path(config.logging.run_dir.format(name=config.name))
+        self.accelerator = accelerator or Accelerator(
+            mixed_precision=train.mixed_precision,
+            log_with=list(config.logging.trackers) or None,
+            project_dir=str(self.run_dir),
+        )
+        if train.samples_per_step % self.accelerator.num_processes != 0:
+            raise ValueError(
+                f"the batch of {train.samples_per_step} samples does not split evenly over "
+                f"{self.accelerator.num_processes} processes"
+            )
+        self.device = policy.device
+        self.reward.to(self.device)
+        self.parameters = policy.trainable_parameters()
+        if not self.parameters:
+            raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
+        self.optimizer = torch.optim.AdamW(
+            self.parameters,
+            lr=train.learning_rate,
+            betas=tuple(train.adam_betas),
+            weight_decay=train.adam_weight_decay,
+            eps=train.adam_epsilon,
+        )
+        warmup = train.lr_warmup_steps
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
+        self.step = 0
+        self.optimizer_steps = 0
+        self.history: list[dict[str, Any]] = []
+        self._last_images: torch.Tensor | None = None
+
+    # ---- distributed helpers -------------------------------------------------------------------
+    @property
+    def is_main_process(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def local_rows(self, global_batch_size: int) -> torch.Tensor:
+        """This process's contiguous rows of the global batch."""
+        n, rank = self.accelerator.num_processes, self.accelerator.process_index
+        share = global_batch_size // n
+        return torch.arange(rank * share, (rank + 1) * share)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.gather(tensor.contiguous())
+
+    def _sum_gradients_across_processes(self) -> None:
+        if self.accelerator.num_processes == 1:
+            return
+        for parameter in self.parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            torch.distributed.all_reduce(parameter.grad, op=torch.distributed.ReduceOp.SUM)
+
+    def rollout_kwargs(self) -> dict[str, Any]:
+        s = self.config.sampling
+        return {
+            "num_inference_steps": s.num_inference_steps,
+            "guidance_scale": s.guidance_scale,
+            "eta": s.eta,
+            "noise_level": s.noise_level,
+            "mode": s.mode,
+            "height": s.height,
+            "width": s.width,
+            "negative_prompt": s.negative_prompt,
+        }
+
+    # ---- one step ------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Run training step ``step``; return its metrics."""
+        train = self.config.train
+        start = time.perf_counter()
+        self.policy.denoiser.eval()  # no dropout: rollout and re-scoring see the same function
+        batch = self.strategy.collect(self, step)
+        self._last_images = batch.trajectory.images
+        rollout_seconds = time.perf_counter() - start
+        metrics = self._reward_metrics(step, batch)
+        metrics["time_rollout"] = rollout_seconds
+        if batch.skipped:
+            logger.warning("step %d skipped: %s", step, batch.reason)
+            metrics.update(skipped=True, skip_reason=batch.reason)
+            return metrics
+
+        trajectory = batch.trajectory
+        stochastic = trajectory.stochastic_steps()
+        if stochastic.numel() == 0:
+            raise ValueError("every sampling step is deterministic (eta = 0 / mode = ode?): nothing to train on")
+        global_size = batch.global_batch_size
+        local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
+        sums: dict[str, float] = {}
+        counts = 0
+        update_start = time.perf_counter()
+        for epoch in range(train.inner_epochs):
+            generator = step_generator(train.seed, step, epoch)
+            permutation = torch.randperm(global_size, generator=generator)
+            chosen = select_timesteps_per_sample(global_size, stochastic.numel(), train.timestep_fraction, generator)
+            step_indices = stochastic[chosen]  # (B_global, K) actual step indices
+            num_minibatches = global_size // train.minibatch_size
+            for m in range(num_minibatches):
+                members = permutation[m * train.minibatch_size : (m + 1) * train.minibatch_size]
+                local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
+                local_global = [int(g) for g in members.tolist() if int(g) in local_position]
+                if local:
+                    sub = trajectory.select(local)
+                    advantages = batch.advantages[torch.tensor(local)]
+                    share = len(local) / train.minibatch_size
+                    for k in range(step_indices.shape[1]):
+                        with self.accelerator.autocast():
+                            loss, info = self.loss(self.policy, sub, step_indices[local_global, k], advantages)
+                        scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
+                        (loss * scale).backward()
+                        for key, value in info.items():
+                            sums[key] = sums.get(key, 0.0) + float(value)
+                        counts += 1
+                if (m + 1) % train.gradient_accumulation_steps == 0 or m == num_minibatches - 1:
+                    self._optimizer_step()
+        metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
+        metrics["time_update"] = time.perf_counter() - update_start
+        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        return metrics
+
+    def _optimizer_step(self) -> None:
+        train = self.config.train
+        self._sum_gradients_across_processes()
+        if train.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.parameters, train.max_grad_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        if self.ema is not None:
+            self.ema.step(self.parameters)
+
+    def _reward_metrics(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
+        rewards = batch.global_rewards.float()
+        finite = rewards[torch.isfinite(rewards)]
+        n = max(finite.numel(), 1)
+        std = float(finite.std(unbiased=True)) if finite.numel() > 1 else 0.0
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward_mean": float(finite.mean()) if finite.numel() else float("nan"),
+            "reward_std": std,
+            "reward_stderr": std / math.sqrt(n),
+            "samples": int(rewards.numel()),
+        }
+        for key, value in batch.details.items():
+            metrics[f"reward_{key}"] = value
+        return metrics
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().cpu().contiguous() for name, p in self.policy.named_trainable_parameters().items()}
+
+    def save(self) -> Path | None:
+        """Write an atomic checkpoint of everything needed to resume (main process only)."""
+        path = None
+        if self.is_main_process:
+            tensors = {"trainable": self._trainable_state()}
+            states = {"strategy": self.strategy.state_dict()}
+            if self.ema is not None:
+                states["ema"] = self.ema.state_dict()
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                tensors=tensors,
+                optimizer_state=self.optimizer.state_dict(),
+                scheduler_state=self.lr_scheduler.state_dict(),
+                rng_state=capture_rng_state(),
+                states=states,
+                extra={"optimizer_steps": self.optimizer_steps},
+                keep_last=self.config.logging.keep_last,
+                recipe_name=self.config.name,
+                recipe_fingerprint=self.config.fingerprint(),
+            )
+            logger.info("saved checkpoint %s", path)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def resume(self, where: str) -> None:
+        """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
+        path = latest_checkpoint(self.run_dir) if where == "latest" else Path(where)
+        if path is None:
+            logger.info("no checkpoint in %s: starting from scratch", self.run_dir)
+            return
+        checkpoint = load_checkpoint(path, expected_recipe=self.config.fingerprint())
+        named = self.policy.named_trainable_parameters()
+        saved = checkpoint.tensors["trainable"]
+        missing = sorted(set(named) - set(saved))
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, parameter in named.items():
+                parameter.copy_(saved[name].to(parameter.device, parameter.dtype))
+        self.optimizer.load_state_dict(checkpoint.optimizer_state)
+        self.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
+        self.strategy.load_state_dict(checkpoint.states.get("strategy", {}))
+        if self.ema is not None and "ema" in checkpoint.states:
+            self.ema.load_state_dict(checkpoint.states["ema"])
+        if checkpoint.rng_state is not None:
+            restore_rng_state(checkpoint.rng_state)
+        self.step = checkpoint.step
+        self.optimizer_steps = int(checkpoint.extra.get("optimizer_steps", 0))
+        self._truncate_metrics(self.step)
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # ---- logging -------------------------------------------------------------------------------
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines of steps after ``step`` (logged before a crash, redone after resume)."""
+        if not self.is_main_process or not self.metrics_path.exists():
+            return
+        kept = [line for line in self.metrics_path.read_text().splitlines() if line and json.loads(line)["step"] < step]
+        self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        self.history = [json.loads(line) for line in kept]
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self.history.append(metrics)
+        if self.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with self.metrics_path.open("a") as handle:
+                handle.write(json.dumps(metrics) + "\n")
+            numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if self.config.logging.trackers:
+                self.accelerator.log(numeric, step=metrics["step"])
+
+    def save_samples(self, trajectory_images: torch.Tensor, step: int) -> None:
+        from genalign.utils.images import make_grid
+
+        folder = self.run_dir / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        make_grid(trajectory_images.cpu()).save(folder / f"step-{step:06d}.png")
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def train(self) -> list[dict[str, Any]]:
+        """Run from the current step to ``train.num_steps``; return the metrics of every step."""
+        from genalign.utils.progress import progress_bar
+
+        config = self.config
+        if config.logging.resume:
+            self.resume(config.logging.resume)
+        if self.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "recipe.json").write_text(json.dumps(_plain(config), indent=2))
+        if config.logging.trackers:
+            self.accelerator.init_trackers(config.name, config={"fingerprint": config.fingerprint()})
+        bar = progress_bar(
+            range(self.step, config.train.num_steps), desc="train", disable=not (config.logging.progress and self.is_main_process)
+        )
+        for step in bar:
+            metrics = self.train_step(step)
+            self.step = step + 1
+            self.log(metrics)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
+            every = config.logging.sample_every
+            if every and step % every == 0 and self.is_main_process:
+                self.save_samples(self._last_images, step)
+            if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+                self.save()
+        if not latest_checkpoint(self.run_dir) or self._latest_step() != self.step:
+            self.save()
+        if self.is_main_process:
+            self.export_weights()
+            self.plot_rewards()
+        if config.logging.trackers:
+            self.accelerator.end_training()
+        return self.history
+
+    def _latest_step(self) -> int:
+        path = latest_checkpoint(self.run_dir)
+        return int(path.name.split("-")[-1]) if path else -1
+
+    def export_weights(self) -> Path:
+        """Trained weights in the standard format: a diffusers LoRA file, or the full denoiser."""
+        out = self.run_dir / "final"
+        out.mkdir(parents=True, exist_ok=True)
+        pipeline = self.policy.pipeline
+        denoiser = self.policy.denoiser
+        if self.policy.lora is not None:
+            from peft.utils import get_peft_model_state_dict
+
+            state = get_peft_model_state_dict(denoiser)
+            component = "unet" if hasattr(pipeline, "unet") else "transformer"
+            type(pipeline).save_lora_weights(out, **{f"{component}_lora_layers": state}, safe_serialization=True)
+        else:
+            denoiser.save_pretrained(out / ("unet" if hasattr(pipeline, "unet") else "transformer"))
+        return out
+
+    def plot_rewards(self) -> Path | None:
+        steps = [m["step"] for m in self.history if not m.get("skipped")]
+        if not steps:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        mean = [m["reward_mean"] for m in self.history if not m.get("skipped")]
+        err = [m["reward_stderr"] for m in self.history if not m.get("skipped")]
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot(steps, mean, marker="o", ms=3)
+        ax.fill_between(steps, [a - b for a, b in zip(mean, err)], [a + b for a, b in zip(mean, err)], alpha=0.25)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"reward ({self.config.reward.name})")
+        ax.set_title(self.config.name)
+        fig.tight_layout()
+        path = self.run_dir / "reward_curve.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+def _plain(config: Any) -> Any:
+    from genalign.config import to_dict
+
+    return to_dict(config)
+
+
+def build_trainer(config: RecipeConfig, base_dir: Path | None = None, accelerator: Any | None = None) -> Trainer:
+    """Build policy, reward, strategy and loss from a recipe and return the trainer."""
+    from genalign.policies import LoraSpec, load_policy
+    from genalign.rewards import load_reward
+    from genalign.trainers.losses import LOSSES
+    from genalign.trainers.strategies import STRATEGIES
+
+    model = config.model
+    lora = LoraSpec(**_plain(model.lora)) if model.lora is not None else None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if accelerator is not None:
+        device = accelerator.device
+    policy = load_policy(model.family, model.path, lora=lora, dtype=model.dtype, device=device)
+    reward = load_reward(config.reward.name, **config.reward.kwargs)
+    strategy = STRATEGIES.get(config.train.strategy)(config.train)
+    loss = LOSSES.get(config.train.loss)(config.train)
+    prompts = config.prompts.load(base_dir)
+    return Trainer(policy, reward, strategy, loss, config, prompts, accelerator=accelerator)

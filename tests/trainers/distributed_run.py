@@ -1,0 +1,48 @@
+"""Helper of test_two_processes_match_one_process: train 2 steps and save each rank's parameters.
+
+Run alone (one process) or under ``accelerate launch --num_processes 2 --cpu``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from safetensors.torch import save_file
+
+from genalign.trainers import build_trainer, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    accelerator = Accelerator(cpu=True)
+    config = load_recipe(
+        ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml",
+        [
+            "sampling.num_inference_steps=4",
+            "train.num_steps=2",
+            "train.prompts_per_step=2",
+            "train.group_size=2",
+            "train.minibatch_size=2",
+            "train.timestep_fraction=0.5",
+            "train.advantage=group",
+            f"logging.run_dir={out}/run",
+            "logging.progress=false",
+        ],
+    )
+    trainer = build_trainer(config, accelerator=accelerator)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    state = {n: p.detach().cpu().contiguous() for n, p in trainer.policy.named_trainable_parameters().items()}
+    if accelerator.is_main_process:
+        save_file(state, f"{out}/initial.safetensors")
+    trainer.train()
+    state = {n: p.detach().cpu().contiguous() for n, p in trainer.policy.named_trainable_parameters().items()}
+    save_file(state, f"{out}/params-rank{accelerator.process_index}.safetensors")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

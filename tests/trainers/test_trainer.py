@@ -1,0 +1,203 @@
+"""The trainer end to end on tiny models: on-policy ratios, update direction, resume, recipes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.config import ConfigError
+from genalign.rewards import Reward, RewardOutput
+from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.checkpoint import RecipeMismatchError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_SD = ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml"
+SMALL = [
+    "sampling.num_inference_steps=4",
+    "train.prompts_per_step=2",
+    "train.group_size=2",
+    "train.minibatch_size=2",
+    "train.timestep_fraction=0.5",
+    "train.adam_weight_decay=0.0",
+    "logging.progress=false",
+]
+
+
+@pytest.fixture(autouse=True)
+def _tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+
+
+def make_trainer(tmp_path: Path, *overrides: str, recipe: Path = TINY_SD):
+    config = load_recipe(recipe, [*SMALL, f"logging.run_dir={tmp_path}/run", *overrides])
+    return build_trainer(config, base_dir=recipe.parent)
+
+
+def params(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.policy.named_trainable_parameters().items()}
+
+
+def test_first_inner_step_is_on_policy(tmp_path):
+    trainer = make_trainer(tmp_path)
+    batch = trainer.strategy.collect(trainer, 0)
+    trajectory = batch.trajectory
+    for index in trajectory.stochastic_steps().tolist():
+        out = trainer.policy.step(trajectory, index)
+        ratio = torch.exp(out.log_prob - trajectory.log_probs[:, index])
+        assert torch.equal(ratio, torch.ones_like(ratio))
+    steps = torch.tensor([0] * trajectory.batch_size)
+    _, info = trainer.loss(trainer.policy, trajectory, steps, batch.advantages)
+    assert info["ratio"].item() == 1.0 and info["approx_kl"].item() == 0.0
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_update_moves_log_prob_with_the_sign_of_the_advantage(tmp_path, sign):
+    trainer = make_trainer(tmp_path, "train.ratio_reduction=sum", "train.clip_range=0.9", "train.learning_rate=1e-3")
+    trajectory = trainer.strategy.collect(trainer, 0).trajectory.select([0])
+    step = torch.tensor([1])
+    # LoRA's B starts at zero, so A has no gradient until B moves: two updates reach every factor.
+    for _ in range(2):
+        before = trainer.policy.step(trajectory, step).log_prob.detach()
+        loss, _ = trainer.loss(trainer.policy, trajectory, step, torch.tensor([sign]))
+        loss.backward()
+        trainer._optimizer_step()
+        after = trainer.policy.step(trajectory, step).log_prob.detach()
+        assert sign * (after - before).item() > 0
+
+
+def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path):
+    trainer = make_trainer(tmp_path, "train.inner_epochs=2")
+    frozen = {n: p.detach().clone() for n, p in trainer.policy.pipeline.vae.named_parameters()}
+    unet_frozen = {n: p.detach().clone() for n, p in trainer.policy.denoiser.named_parameters() if not p.requires_grad}
+    before = params(trainer)
+    trainer.train_step(0)
+    after = params(trainer)
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert not unchanged, unchanged[:5]
+    assert all(torch.equal(p, frozen[n]) for n, p in trainer.policy.pipeline.vae.named_parameters())
+    for n, p in trainer.policy.denoiser.named_parameters():
+        if n in unet_frozen:
+            assert torch.equal(p, unet_frozen[n]), n
+
+
+def test_group_advantages_in_a_step_equal_a_hand_computation(tmp_path):
+    trainer = make_trainer(tmp_path, "train.advantage=group", "train.advantage_std=group")
+    batch = trainer.strategy.collect(trainer, 0)
+    r = batch.global_rewards.double()
+    expected = []
+    for g in range(2):
+        block = r[2 * g : 2 * g + 2]
+        mean = block.mean()
+        std = math.sqrt(((block - mean) ** 2).mean().item())
+        expected += [((x - mean) / (std + 1e-4)).item() for x in block]
+    torch.testing.assert_close(batch.advantages.double(), torch.tensor(expected, dtype=torch.double), atol=1e-5, rtol=1e-5)
+
+
+def _metrics_without_times(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("time_")} for row in rows]
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    straight = make_trainer(tmp_path / "a", "train.num_steps=4")
+    straight.train()
+    first = make_trainer(tmp_path / "b", "train.num_steps=2")
+    first.train()
+    resumed = make_trainer(tmp_path / "b", "train.num_steps=4", "logging.resume=latest")
+    resumed.train()
+    assert resumed.step == 4
+    a, b = params(straight), params(resumed)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+    assert _metrics_without_times(straight.metrics_path) == _metrics_without_times(resumed.metrics_path)
+
+
+def test_checkpoint_from_another_recipe_is_refused(tmp_path):
+    make_trainer(tmp_path, "train.num_steps=1").train()
+    other = make_trainer(tmp_path, "train.num_steps=2", "train.learning_rate=0.5", "logging.resume=latest")
+    with pytest.raises(RecipeMismatchError, match="another recipe"):
+        other.train()
+
+
+class NaNReward(Reward):
+    name = "nan_test"
+
+    def score(self, images, prompts, **metadata):
+        scores = images.mean(dim=(1, 2, 3))
+        scores[0] = float("nan")
+        return RewardOutput(scores)
+
+
+def test_nan_reward_skips_the_step(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.reward = NaNReward()
+    before = params(trainer)
+    metrics = trainer.train_step(0)
+    assert metrics["skipped"] and "NaN" in metrics["skip_reason"]
+    assert all(torch.equal(before[n], p) for n, p in params(trainer).items())
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "configs" / "tiny").glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_tiny_recipe_runs_two_steps(tmp_path, recipe):
+    config = load_recipe(recipe, ["train.num_steps=2", f"logging.run_dir={tmp_path}/run", "logging.progress=false"])
+    trainer = build_trainer(config, base_dir=recipe.parent)
+    history = trainer.train()
+    assert [m["step"] for m in history] == [0, 1]
+    assert all(math.isfinite(m["reward_mean"]) for m in history)
+    assert (trainer.run_dir / "reward_curve.png").is_file()
+    assert (trainer.run_dir / "final" / "pytorch_lora_weights.safetensors").is_file()
+    assert trainer._latest_step() == 2
+
+
+def test_exported_lora_loads_into_the_pipeline(tmp_path):
+    trainer = make_trainer(tmp_path, "train.num_steps=1")
+    trainer.train()
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(trainer.config.model.path.replace("tiny:", str(Path(os.environ["GENALIGN_TINY_CACHE"])) + "/"))
+    pipe.load_lora_weights(trainer.run_dir / "final")
+    assert any("lora" in n for n, _ in pipe.unet.named_parameters())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.batch_size=6", "group_size 2 does not divide train.batch_size 6"),
+        ("train.timestep_fraction=0", "timestep_fraction must lie in"),
+        ("train.timestep_fraction=1.5", "timestep_fraction must lie in"),
+        ("train.learning_rte=1", "unknown config key 'learning_rte'"),
+        ("train.group_size=three", "train.group_size: expected an integer"),
+        ("model.family=flow", "is for the 'sd' family"),
+    ],
+)
+def test_bad_recipes_fail_at_load_time_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(TINY_SD, [*SMALL, override])
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    script = Path(__file__).with_name("distributed_run.py")
+    env = {**os.environ, "GENALIGN_TINY_CACHE": os.environ["GENALIGN_TINY_CACHE"], "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    subprocess.run([*launcher, str(script), str(tmp_path / "two")], check=True, env=env, cwd=ROOT, timeout=600)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "one")], check=True, env=env, cwd=ROOT, timeout=600)
+    from safetensors.torch import load_file
+
+    rank0 = load_file(tmp_path / "two" / "params-rank0.safetensors")
+    rank1 = load_file(tmp_path / "two" / "params-rank1.safetensors")
+    single = load_file(tmp_path / "one" / "params-rank0.safetensors")
+    initial = load_file(tmp_path / "one" / "initial.safetensors")
+    assert rank0.keys() == single.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+        torch.testing.assert_close(rank0[name], single[name], atol=1e-5, rtol=1e-4)
+    assert any(not torch.equal(single[n], initial[n]) for n in single)
