@@ -1,7 +1,58 @@
-"""Rewards: the protocol, the registry and every reward model (see base.py for the contract)."""
+"""Rewards: the protocol, the registry and every reward model (see base.py for the contract).
+
+Importing this package registers every reward:
+
+=========================  ==========================================================  =====
+name                       what                                                        grad
+=========================  ==========================================================  =====
+``clip``                   CLIPScore (Hessel et al. 2021) or CLIP cosine               yes
+``pickscore``              PickScore v1 (Kirstain et al. 2023)                         yes
+``hpsv2``                  HPS v2 / v2.1 (Wu et al. 2023)                              yes
+``aesthetic``              LAION improved aesthetic predictor (as in DDPO)             yes
+``jpeg_compressibility``   -JPEG size in kB (DDPO)                                     no
+``jpeg_incompressibility`` +JPEG size in kB (DDPO)                                     no
+``ensemble``               weighted, optionally normalised sum of members              if all
+=========================  ==========================================================  =====
+"""
 
 from __future__ import annotations
 
+from genalign.rewards.aesthetic import AestheticMLP, AestheticReward
 from genalign.rewards.base import REWARDS, Reward, RewardOutput, list_rewards, load_reward, register_reward
+from genalign.rewards.clip_models import (
+    ClipEmbedder,
+    OpenClipEmbedder,
+    TransformersClipEmbedder,
+    load_clip_embedder,
+    register_open_clip_config,
+)
+from genalign.rewards.clip_score import ClipScoreReward
+from genalign.rewards.ensemble import EnsembleReward
+from genalign.rewards.hps import HPSv2Reward
+from genalign.rewards.jpeg import JpegCompressibilityReward, JpegIncompressibilityReward
+from genalign.rewards.pickscore import PickScoreReward
+from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 
-__all__ = ["REWARDS", "Reward", "RewardOutput", "list_rewards", "load_reward", "register_reward"]
+__all__ = [
+    "REWARDS",
+    "AestheticMLP",
+    "AestheticReward",
+    "ClipEmbedder",
+    "ClipScoreReward",
+    "EnsembleReward",
+    "HPSv2Reward",
+    "JpegCompressibilityReward",
+    "JpegIncompressibilityReward",
+    "OpenClipEmbedder",
+    "PickScoreReward",
+    "PreprocessConfig",
+    "Reward",
+    "RewardOutput",
+    "TransformersClipEmbedder",
+    "list_rewards",
+    "load_clip_embedder",
+    "load_reward",
+    "preprocess_images",
+    "register_open_clip_config",
+    "register_reward",
+]

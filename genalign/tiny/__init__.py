@@ -3,35 +3,43 @@
 Each builder creates a randomly initialised model of a real architecture, small enough for CPU
 tests, and can save it in the standard on-disk format so the library's normal
 ``from_pretrained`` path loads it. Users can write their own offline tests with these.
+
+Builders are imported lazily, so ``import genalign.tiny.clip`` does not pull in diffusers.
 """
 
 from __future__ import annotations
 
-from genalign.tiny.diffusion import (
-    flux_pipeline,
-    gemma_tokenizer,
-    lcm_pipeline,
-    sana_pipeline,
-    sd3_pipeline,
-    sd_pipeline,
-    sdxl_pipeline,
-    t5_tokenizer,
-)
-from genalign.tiny.language import chat_tokenizer, llava_vlm, qwen2_lm
-from genalign.tiny.tokenizers import byte_level_clip_tokenizer, train_bpe_tokenizer
+import importlib
+from typing import Any
 
-__all__ = [
-    "byte_level_clip_tokenizer",
-    "chat_tokenizer",
-    "flux_pipeline",
-    "gemma_tokenizer",
-    "lcm_pipeline",
-    "llava_vlm",
-    "qwen2_lm",
-    "sana_pipeline",
-    "sd3_pipeline",
-    "sd_pipeline",
-    "sdxl_pipeline",
-    "t5_tokenizer",
-    "train_bpe_tokenizer",
-]
+_EXPORTS = {
+    "sd_pipeline": "diffusion",
+    "sdxl_pipeline": "diffusion",
+    "sd3_pipeline": "diffusion",
+    "flux_pipeline": "diffusion",
+    "sana_pipeline": "diffusion",
+    "lcm_pipeline": "diffusion",
+    "t5_tokenizer": "diffusion",
+    "gemma_tokenizer": "diffusion",
+    "qwen2_lm": "language",
+    "llava_vlm": "language",
+    "chat_tokenizer": "language",
+    "clip_model": "clip",
+    "open_clip_model": "clip",
+    "byte_level_clip_tokenizer": "tokenizers",
+    "train_bpe_tokenizer": "tokenizers",
+    "materialize": "materialize",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(f"genalign.tiny.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'genalign.tiny' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,40 @@
+"""SVG rewards: safe rendering and the RLRF rendering-feedback reward.
+
+- :mod:`~genalign.rewards.svg.sanitize` -- hardened parsing and the reference / size policy.
+- :mod:`~genalign.rewards.svg.render` -- cairosvg (reference) and skia (fast) rasterisation in
+  worker processes with per-render timeouts.
+- :mod:`~genalign.rewards.svg.fidelity` -- ``svg_fidelity``: RLRF's image, edge, semantic and
+  length rewards (Rodriguez et al. 2025, Sec. 3).
+"""
+
+from __future__ import annotations
+
+from genalign.rewards.svg.fidelity import SVGFidelityReward, canny_edges, length_reward, normalized_l2_reward
+from genalign.rewards.svg.render import (
+    BACKENDS,
+    RenderResult,
+    SVGRenderPool,
+    render_batch,
+    render_local,
+    render_svg,
+    shared_pool,
+)
+from genalign.rewards.svg.sanitize import RenderLimits, SanitizedSVG, SVGRejected, sanitize_svg
+
+__all__ = [
+    "BACKENDS",
+    "RenderLimits",
+    "RenderResult",
+    "SVGFidelityReward",
+    "SVGRejected",
+    "SVGRenderPool",
+    "SanitizedSVG",
+    "canny_edges",
+    "length_reward",
+    "normalized_l2_reward",
+    "render_batch",
+    "render_local",
+    "render_svg",
+    "sanitize_svg",
+    "shared_pool",
+]

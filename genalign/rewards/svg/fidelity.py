@@ -1,0 +1,393 @@
+"""``svg_fidelity``: the rendering-feedback reward of RLRF for image-to-SVG generation.
+
+Rodriguez et al., "Rendering-Aware Reinforcement Learning for Vector Graphics Generation"
+(RLRF), 2025, Sec. 3.2 ("Rewards"). Each sampled SVG is rendered and compared with the input
+image ``I``; with ``Î`` the render, the reward is a weighted combination of:
+
+- **image** (pixel reconstruction): both images normalised per channel to zero mean and unit
+  variance, ``R_img = clip(1 - (1/N) ||norm(I) - norm(Î)||², -1, 1)``, N = 3HW. With
+  population statistics ``(1/N)||z - ẑ||² = 2 (1 - ρ)`` (ρ: Pearson correlation averaged over
+  channels), so R_img = 2ρ - 1: invariant to global brightness/contrast, 1 for a perfect match.
+- **edge**: the same normalised-L2 reward on edge maps. RLRF uses Canny edges, dilated (3x3)
+  and blurred (13x13 Gaussian) so that near misses still earn partial credit; here a colour Canny
+  (Gaussian σ=1, Sobel, non-maximum suppression, hysteresis; per pixel the RGB channel with the
+  largest gradient), 3x3 dilation, 13x13 Gaussian with σ = 2.3 (OpenCV's σ for that size).
+- **semantic**: ``1 - 2 d`` with ``d = 1 - cos(e(I), e(Î))`` the embedding distance, i.e. RLRF's
+  DreamSim reward form; the embedder is any callable ``images [B,3,H,W] -> [B,D]`` (e.g. a CLIP
+  image tower via ``embedder="clip"``). Off unless an embedder is given.
+- **length** (code efficiency): ``R_len = 1 - ((1/L_ref) max(0, L - L_ref/2))²`` with L the
+  length of the SVG and L_ref that of the ground-truth SVG: free up to half the reference, then
+  a quadratic penalty (0.75 at L = L_ref, 0 at 1.5 L_ref). RLRF leaves it unbounded below; here it
+  is clipped at ``min_reward`` (default -1) so that every term lives in [-1, 1]
+  (``clip_length=False`` restores the paper's form). Lengths are characters by default; pass
+  ``length_fn`` (e.g. a tokenizer's token count, as in the paper) to change the unit. Off unless
+  ``reference_svgs`` or ``reference_lengths`` are given.
+
+The score is ``Σ w_k R_k / Σ w_k`` over the active terms (the paper's weighted sum, normalised
+so that scores stay in [-1, 1]). An SVG that is rejected by the sanitiser, does not render, times
+out, or renders blank (a uniform image, e.g. all white) gets ``min_reward`` for every term and the
+score; the reason is in ``details["failure"]``. A blank render is never compared with the target,
+so a white canvas cannot score as a near match of a mostly-white icon.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from genalign.rewards.base import Reward, RewardOutput, register_reward, validate_images
+from genalign.rewards.svg.render import SVGRenderPool, render_batch
+from genalign.rewards.svg.sanitize import RenderLimits
+
+logger = logging.getLogger(__name__)
+
+TERMS = ("image", "edge", "semantic", "length")
+DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0}
+_LUMA = (0.299, 0.587, 0.114)
+
+
+# -- the terms (pure functions on tensors) ---------------------------------------------------------
+
+
+def normalize_per_channel(images: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """``[B, C, H, W]`` -> per image and channel zero mean, unit (population) std; flat channels -> 0."""
+    mean = images.mean(dim=(-2, -1), keepdim=True)
+    std = images.std(dim=(-2, -1), keepdim=True, unbiased=False)
+    return (images - mean) / std.clamp_min(eps)
+
+
+def normalized_l2_reward(
+    predictions: torch.Tensor, targets: torch.Tensor, low: float = -1.0, high: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLRF Sec. 3.2 pixel reward: ``clip(1 - mean((norm(I) - norm(Î))²), -1, 1)``.
+
+    Args:
+        predictions, targets: ``[B, C, H, W]``.
+
+    Returns:
+        ``(reward [B], mse [B])``.
+    """
+    mse = (normalize_per_channel(predictions) - normalize_per_channel(targets)).pow(2).mean(dim=(1, 2, 3))
+    return (1.0 - mse).clamp(low, high), mse
+
+
+def gaussian_blur(images: torch.Tensor, sigma: float, kernel_size: int | None = None) -> torch.Tensor:
+    """Separable Gaussian blur of ``[B, C, H, W]`` with reflect padding."""
+    if kernel_size is None:
+        kernel_size = 2 * math.ceil(3 * sigma) + 1
+    radius = kernel_size // 2
+    x = torch.arange(kernel_size, dtype=images.dtype, device=images.device) - radius
+    kernel = torch.exp(-0.5 * (x / sigma) ** 2)
+    kernel = kernel / kernel.sum()
+    channels = images.shape[1]
+    mode = "reflect" if min(images.shape[-2:]) > radius else "replicate"
+    padded = F.pad(images, (radius, radius, radius, radius), mode=mode)
+    horizontal = kernel.view(1, 1, 1, -1).expand(channels, 1, 1, kernel_size)
+    vertical = kernel.view(1, 1, -1, 1).expand(channels, 1, kernel_size, 1)
+    return F.conv2d(F.conv2d(padded, horizontal, groups=channels), vertical, groups=channels)
+
+
+def canny_edges(
+    images: torch.Tensor,
+    low: float = 0.04,
+    high: float = 0.1,
+    sigma: float = 1.0,
+    max_iterations: int | None = None,
+) -> torch.Tensor:
+    """Colour Canny edge detector on ``[B, 3, H, W]`` in [0, 1]; returns binary ``[B, 1, H, W]``.
+
+    Canny (1986): Gaussian smoothing, Sobel gradients (scaled by 1/8, so ``magnitude`` is in
+    intensity per pixel; a sharp step of contrast c peaks near 0.38c after σ=1 smoothing),
+    non-maximum suppression along the gradient direction quantised to 0/45/90/135 degrees, and
+    hysteresis: pixels above ``high`` seed edges that grow through 8-connected pixels above
+    ``low``. Per pixel the RGB channel with the largest gradient is used, so a yellow shape on
+    white (low luminance contrast) still has edges.
+    """
+    batch, _, height, width = images.shape
+    smooth = gaussian_blur(images.float(), sigma)
+    sobel_x = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=images.device) / 8.0
+    kernels = torch.stack([sobel_x, sobel_x.t()]).unsqueeze(1)  # (2, 1, 3, 3)
+    padded = F.pad(smooth.reshape(-1, 1, height, width), (1, 1, 1, 1), mode="replicate")
+    gradients = F.conv2d(padded, kernels).view(batch, -1, 2, height, width)  # (B, 3, 2, H, W)
+    magnitude_all = gradients.pow(2).sum(2).sqrt()  # (B, 3, H, W)
+    magnitude, channel = magnitude_all.max(dim=1, keepdim=True)  # (B, 1, H, W)
+    index = channel.unsqueeze(2).expand(batch, 1, 2, height, width)
+    gx, gy = gradients.gather(1, index).squeeze(1).unbind(1)  # (B, H, W) each
+
+    # non-maximum suppression: compare with the two neighbours along the gradient direction
+    angle = torch.rad2deg(torch.atan2(gy, gx)) % 180.0
+    sector = (((angle + 22.5) // 45.0) % 4).long().unsqueeze(1)  # 0: 0°, 1: 45°, 2: 90°, 3: 135°
+    offsets = [(0, 1), (1, 1), (1, 0), (1, -1)]  # (row, column) step along each direction
+    padded_magnitude = F.pad(magnitude, (1, 1, 1, 1))
+    is_max = torch.zeros_like(magnitude, dtype=torch.bool)
+    for k, (dy, dx) in enumerate(offsets):
+        ahead = padded_magnitude[..., 1 + dy : 1 + dy + height, 1 + dx : 1 + dx + width]
+        behind = padded_magnitude[..., 1 - dy : 1 - dy + height, 1 - dx : 1 - dx + width]
+        is_max |= (sector == k) & (magnitude >= ahead) & (magnitude >= behind)
+    weak = is_max & (magnitude >= low)
+    edges = is_max & (magnitude >= high)
+
+    # hysteresis: grow strong edges through connected weak ones until nothing changes
+    for _ in range(max_iterations or 2 * (height + width)):
+        grown = F.max_pool2d(edges.float(), 3, stride=1, padding=1).bool() & weak
+        if torch.equal(grown, edges):
+            break
+        edges = grown
+    return edges.float()
+
+
+def edge_map(images: torch.Tensor, low: float = 0.04, high: float = 0.1) -> torch.Tensor:
+    """RLRF's edge image: Canny, 3x3 dilation, 13x13 Gaussian (σ 2.3). ``[B,3,H,W] -> [B,1,H,W]``."""
+    edges = canny_edges(images, low=low, high=high)
+    dilated = F.max_pool2d(edges, 3, stride=1, padding=1)
+    return gaussian_blur(dilated, sigma=2.3, kernel_size=13)
+
+
+def length_reward(
+    lengths: torch.Tensor, reference_lengths: torch.Tensor, low: float | None = -1.0
+) -> torch.Tensor:
+    """RLRF Sec. 3.2 length reward ``1 - ((1/L_ref) max(0, L - L_ref/2))²``, clipped below at ``low``."""
+    lengths, reference = lengths.double(), reference_lengths.double().clamp_min(1.0)
+    excess = (lengths - reference / 2).clamp_min(0.0)
+    reward = 1.0 - (excess / reference) ** 2
+    return (reward if low is None else reward.clamp_min(low)).float()
+
+
+def embedding_reward(
+    encode: Callable[[torch.Tensor], torch.Tensor], predictions: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``1 - 2 (1 - cos)`` between embeddings (RLRF's DreamSim reward form); returns (reward, cos)."""
+    cosine = F.cosine_similarity(encode(predictions).float(), encode(targets).float(), dim=-1)
+    return (2.0 * cosine - 1.0).clamp(-1.0, 1.0), cosine
+
+
+# -- the reward ------------------------------------------------------------------------------------
+
+
+def _resolve_embedder(embedder: Any, embedder_kwargs: Mapping[str, Any] | None) -> Any:
+    if embedder is None:
+        return None
+    if isinstance(embedder, str):
+        if embedder != "clip":
+            raise ValueError(f"embedder must be None, 'clip' or a callable, got {embedder!r}")
+        from genalign.rewards.base import load_reward
+
+        reward = load_reward("clip", **dict(embedder_kwargs or {}))
+        embedder = getattr(reward, "embedder", reward)
+    if not (hasattr(embedder, "encode_images") or callable(embedder)):
+        raise TypeError(
+            f"embedder must have encode_images(images) or be callable, got {type(embedder).__name__}"
+        )
+    return embedder
+
+
+@register_reward("svg_fidelity")
+class SVGFidelityReward(Reward):
+    """RLRF rendering-feedback reward (Rodriguez et al. 2025, Sec. 3.2); see the module docstring.
+
+    Call: ``reward(svgs, prompts=None, targets=..., reference_svgs=..., reference_lengths=...)``
+    with ``svgs`` a list of B SVG strings and
+
+    - ``targets``: ``[B, 3, H, W]`` in [0, 1], the images to reconstruct (renders are made at
+      H x W); if omitted, ``reference_svgs`` are rendered at ``render_size`` and used instead.
+    - ``reference_svgs``: B ground-truth SVGs (length reference, and targets when none given).
+    - ``reference_lengths``: B reference lengths (override the ones measured on reference_svgs).
+
+    Args:
+        weights: per-term weights, keys from ``("image", "edge", "semantic", "length")``;
+            missing keys keep their default (1.0); a 0 weight switches a term off.
+        embedder: None (semantic term off), ``"clip"`` (``load_reward("clip", **embedder_kwargs)``
+            and its image tower), an object with ``encode_images(images) -> [B, D]``, or any
+            callable ``images [B, 3, H, W] in [0, 1] -> [B, D]``.
+        embedder_kwargs: keyword arguments for ``load_reward("clip", ...)``.
+        backend: SVG renderer, "cairosvg" (reference) or "skia" (fast).
+        limits: sanitisation caps and the per-render timeout.
+        workers: render processes (shared pool); ``pool`` gives an explicit
+            :class:`~genalign.rewards.svg.render.SVGRenderPool`.
+        render_size: ``(H, W)`` for rendering ``reference_svgs`` when no ``targets`` are given.
+        length_fn: SVG text -> length (default: characters; pass a token counter for tokens).
+        clip_length: clip the length reward below at ``min_reward`` (the paper does not).
+        min_reward: the value of every term, and of the score, for an SVG that fails.
+        edge_thresholds: Canny ``(low, high)`` hysteresis thresholds on gradient magnitude.
+
+    Scores: ``[B]`` in ``[min_reward, 1]``; not differentiable (rendering is not).
+    Details: ``"image"``, ``"edge"``, ``"semantic"``, ``"length"`` (the active terms' rewards,
+    ``[B]``), raw ``"image_mse"``, ``"edge_mse"``, ``"cosine"``, ``"length_ratio"`` (``[B]``, NaN
+    where the SVG failed), ``"failure"`` (B reason codes or None), ``"failure_count"``,
+    ``"render_backend"`` (B renderer names), ``"weights"`` (active terms and their weights).
+    """
+
+    input_kind = "svg"
+    differentiable = False
+
+    def __init__(
+        self,
+        weights: Mapping[str, float] | None = None,
+        embedder: Any = None,
+        embedder_kwargs: Mapping[str, Any] | None = None,
+        backend: str = "cairosvg",
+        limits: RenderLimits | None = None,
+        workers: int | None = None,
+        pool: SVGRenderPool | None = None,
+        render_size: tuple[int, int] = (224, 224),
+        length_fn: Callable[[str], int] = len,
+        clip_length: bool = True,
+        min_reward: float = -1.0,
+        edge_thresholds: tuple[float, float] = (0.04, 0.1),
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        unknown = set(weights or {}) - set(TERMS)
+        if unknown:
+            raise ValueError(f"unknown svg_fidelity weight(s) {sorted(unknown)}; terms are {TERMS}")
+        self.weights = {**DEFAULT_WEIGHTS, **dict(weights or {})}
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError(f"svg_fidelity weights must be >= 0, got {self.weights}")
+        self.embedder = _resolve_embedder(embedder, embedder_kwargs)
+        if (
+            self.weights["image"]
+            + self.weights["edge"]
+            + (self.weights["semantic"] if self.embedder is not None else 0)
+            <= 0
+        ):
+            raise ValueError(
+                "svg_fidelity needs a positive weight on 'image', 'edge' or 'semantic' (with an embedder)"
+            )
+        if not -1.0 <= min_reward <= 0.0:
+            raise ValueError(f"min_reward must be in [-1, 0], got {min_reward}")
+        low, high = edge_thresholds
+        if not 0 < low <= high:
+            raise ValueError(f"edge_thresholds must satisfy 0 < low <= high, got {edge_thresholds}")
+        self.backend = backend
+        self.limits = limits or RenderLimits()
+        self.workers = workers
+        self.pool = pool
+        self.render_size = tuple(render_size)
+        self.length_fn = length_fn
+        self.clip_length = clip_length
+        self.min_reward = float(min_reward)
+        self.edge_thresholds = (float(low), float(high))
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _render(self, svgs: Sequence[Any], height: int, width: int) -> list:
+        return render_batch(svgs, width, height, self.backend, self.limits, self.workers, pool=self.pool)
+
+    def _targets(self, batch: int, targets: Any, reference_svgs: Sequence[str] | None) -> torch.Tensor:
+        if targets is None:
+            if reference_svgs is None:
+                raise ValueError("svg_fidelity needs metadata `targets` [B, 3, H, W] or `reference_svgs`")
+            height, width = self.render_size
+            results = self._render(reference_svgs, height, width)
+            failed = [(i, r.error, r.detail) for i, r in enumerate(results) if not r.ok]
+            if failed:
+                raise ValueError(f"svg_fidelity: reference SVGs failed to render: {failed[:3]}")
+            targets = torch.stack([r.image for r in results])
+        if validate_images(targets) != batch:
+            raise ValueError(f"svg_fidelity: got {batch} SVGs but {targets.shape[0]} targets")
+        return targets.detach().float()
+
+    def _reference_lengths(
+        self, batch: int, reference_svgs: Sequence[str] | None, reference_lengths: Any
+    ) -> torch.Tensor | None:
+        if reference_lengths is None and reference_svgs is None:
+            return None
+        if reference_lengths is None:
+            reference_lengths = [self.length_fn(svg) for svg in reference_svgs]
+        lengths = torch.as_tensor(reference_lengths, dtype=torch.float64).flatten()
+        if lengths.numel() != batch:
+            raise ValueError(f"svg_fidelity: got {batch} SVGs but {lengths.numel()} reference lengths")
+        if (lengths <= 0).any():
+            raise ValueError("svg_fidelity: reference lengths must be positive")
+        return lengths
+
+    # -- scoring -----------------------------------------------------------------------------------
+    def score(
+        self,
+        images: Sequence[str],
+        prompts: Sequence[str],
+        targets: torch.Tensor | None = None,
+        reference_svgs: Sequence[str] | None = None,
+        reference_lengths: Sequence[float] | torch.Tensor | None = None,
+        **metadata: Any,
+    ) -> RewardOutput:
+        svgs = list(images)
+        batch = len(svgs)
+        if reference_svgs is not None and len(reference_svgs) != batch:
+            raise ValueError(f"svg_fidelity: got {batch} SVGs but {len(reference_svgs)} reference_svgs")
+        targets = self._targets(batch, targets, reference_svgs)
+        device = targets.device
+        _, _, height, width = targets.shape
+        reference = self._reference_lengths(batch, reference_svgs, reference_lengths)
+
+        # 1. render (in worker processes, with timeouts); failures are reason codes
+        results = self._render(svgs, height, width)
+        failure = [r.error for r in results]
+        ok = torch.tensor([r.ok for r in results], dtype=torch.bool)
+        ok_index = ok.nonzero().flatten()
+
+        # 2. the terms, on the renders that succeeded
+        active = {k: w for k, w in self.weights.items() if w > 0}
+        if self.embedder is None:
+            active.pop("semantic", None)
+        if reference is None:
+            active.pop("length", None)
+        floor = self.min_reward
+        terms = {name: torch.full((batch,), floor, device=device) for name in active}
+        raw = {
+            "image_mse": torch.full((batch,), math.nan, device=device),
+            "edge_mse": torch.full((batch,), math.nan, device=device),
+            "cosine": torch.full((batch,), math.nan, device=device),
+        }
+        if len(ok_index):
+            renders = torch.stack([results[i].image for i in ok_index.tolist()]).to(device)  # (b, 3, H, W)
+            wanted = targets[ok_index.to(device)]
+            reward, mse = normalized_l2_reward(renders, wanted)
+            raw["image_mse"][ok_index] = mse
+            if "image" in active:
+                terms["image"][ok_index] = reward
+            low, high = self.edge_thresholds
+            reward, mse = normalized_l2_reward(edge_map(renders, low, high), edge_map(wanted, low, high))
+            raw["edge_mse"][ok_index] = mse
+            if "edge" in active:
+                terms["edge"][ok_index] = reward
+            if self.embedder is not None:
+                encode = getattr(self.embedder, "encode_images", self.embedder)
+                reward, cosine = embedding_reward(encode, renders, wanted)
+                raw["cosine"][ok_index] = cosine.to(device)
+                if "semantic" in active:
+                    terms["semantic"][ok_index] = reward.to(device)
+        lengths = torch.tensor(
+            [self.length_fn(s) if isinstance(s, str) else 0 for s in svgs], dtype=torch.float64
+        )
+        if reference is not None:
+            raw["length_ratio"] = (lengths / reference).float().to(device)
+            raw["length_ratio"][~ok.to(device)] = math.nan
+            if "length" in active:
+                value = length_reward(lengths, reference, low=floor if self.clip_length else None).to(device)
+                terms["length"][ok_index] = value[ok_index]
+
+        # 3. weighted average of the active terms (RLRF's weighted sum, normalised)
+        total = sum(active.values())
+        scores = sum(active[name] * terms[name] for name in active) / total
+        scores = torch.where(ok.to(device), scores, torch.full_like(scores, floor))
+        failures = [f for f in failure if f is not None]
+        if failures:
+            logger.debug(
+                "svg_fidelity: %d of %d SVGs failed: %s", len(failures), batch, sorted(set(failures))
+            )
+        details: dict[str, Any] = {**terms, **raw}
+        details.update(
+            failure=failure,
+            failure_count=len(failures),
+            render_backend=[r.backend for r in results],
+            weights=dict(active),
+        )
+        return RewardOutput(scores.float(), details)
+
+    def extra_repr(self) -> str:
+        return f"weights={self.weights}, backend={self.backend!r}, min_reward={self.min_reward}"
