@@ -33,7 +33,7 @@ format: install
 	$(PY) -m ruff check --fix genalign tests benchmarks
 
 demo: install
-	$(VENV)/bin/genalign demo
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/genalign train configs/tiny/demo_jpeg.yaml
 
 bench: install
 	$(PY) benchmarks/rollout.py

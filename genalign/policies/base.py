@@ -162,6 +162,9 @@ class DiffusionPolicy(torch.nn.Module):
         for module in self.frozen_modules():
             module.requires_grad_(False)
             module.eval()
+        # Read once: diffusers' ``ModelMixin.dtype`` walks every submodule (ms per call on real
+        # models), far too slow to ask on each denoising step.
+        self.model_dtype = self.denoiser.dtype
         self.lora = LoraSpec(**lora) if isinstance(lora, dict) else lora
         self._reference_denoiser: torch.nn.Module | None = None
         denoiser = self.denoiser

@@ -122,7 +122,7 @@ class SD3Policy(FlowPolicy):
 
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels
-        dtype = self.pipeline.transformer.dtype
+        dtype = self.model_dtype
         return self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
 
     def set_timesteps(self, num_inference_steps, latents):
@@ -144,8 +144,8 @@ class SD3Policy(FlowPolicy):
             embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
             pooled = torch.cat([conditioning["negative_pooled_prompt_embeds"], pooled])
         out = transformer(
-            hidden_states=x.to(transformer.dtype), timestep=t, encoder_hidden_states=embeds.to(transformer.dtype),
-            pooled_projections=pooled.to(transformer.dtype), return_dict=False,
+            hidden_states=x.to(self.model_dtype), timestep=t, encoder_hidden_states=embeds.to(self.model_dtype),
+            pooled_projections=pooled.to(self.model_dtype), return_dict=False,
         )[0]
         return self._guided(out, settings) if cfg else out
 
@@ -184,7 +184,7 @@ class FluxPolicy(FlowPolicy):
 
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels // 4
-        dtype = self.pipeline.transformer.dtype
+        dtype = self.model_dtype
         latents, _ = self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
         return latents  # (B, seq, C * 4)
 
@@ -201,9 +201,9 @@ class FluxPolicy(FlowPolicy):
     def _ids(self, settings: RolloutSettings, conditioning: dict) -> tuple[torch.Tensor, torch.Tensor]:
         scale = self.pipeline.vae_scale_factor * 2
         h, w = int(settings.height) // scale, int(settings.width) // scale
-        image_ids = self.pipeline._prepare_latent_image_ids(1, h, w, self.device, self.pipeline.transformer.dtype)
+        image_ids = self.pipeline._prepare_latent_image_ids(1, h, w, self.device, self.model_dtype)
         text_ids = torch.zeros(conditioning["prompt_embeds"].shape[1], 3, device=self.device)
-        return image_ids, text_ids.to(self.pipeline.transformer.dtype)
+        return image_ids, text_ids.to(self.model_dtype)
 
     def predict(self, latents, step_index, conditioning, settings):
         transformer = self.pipeline.transformer
@@ -215,8 +215,8 @@ class FluxPolicy(FlowPolicy):
 
         def call(embeds: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
             return transformer(
-                hidden_states=latents.to(transformer.dtype), timestep=t.to(transformer.dtype), guidance=guidance,
-                pooled_projections=pooled.to(transformer.dtype), encoder_hidden_states=embeds.to(transformer.dtype),
+                hidden_states=latents.to(self.model_dtype), timestep=t.to(self.model_dtype), guidance=guidance,
+                pooled_projections=pooled.to(self.model_dtype), encoder_hidden_states=embeds.to(self.model_dtype),
                 txt_ids=text_ids, img_ids=image_ids, return_dict=False,
             )[0]
 
@@ -269,7 +269,7 @@ class SanaPolicy(FlowPolicy):
             embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
             mask = torch.cat([conditioning["negative_prompt_attention_mask"], mask])
         out = transformer(
-            x.to(transformer.dtype), encoder_hidden_states=embeds.to(transformer.dtype), encoder_attention_mask=mask,
+            x.to(self.model_dtype), encoder_hidden_states=embeds.to(self.model_dtype), encoder_attention_mask=mask,
             timestep=t, return_dict=False,
         )[0].float()
         if cfg:

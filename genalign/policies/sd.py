@@ -74,7 +74,7 @@ class SDPolicy(DiffusionPolicy):
 
         scale = self.pipeline.vae_scale_factor
         shape = (batch_size, self.pipeline.unet.config.in_channels, height // scale, width // scale)
-        noise = randn_tensor(shape, generator=generators, device=self.device, dtype=self.pipeline.unet.dtype)
+        noise = randn_tensor(shape, generator=generators, device=self.device, dtype=self.model_dtype)
         # The policy's own scheduler sets the initial noise scale (the pipeline's may be another kind).
         return noise * self.scheduler.init_noise_sigma
 
@@ -114,9 +114,9 @@ class SDPolicy(DiffusionPolicy):
             timestep_cond = self.pipeline.get_guidance_scale_embedding(w, embedding_dim=unet.config.time_cond_proj_dim)
             timestep_cond = timestep_cond.to(self.device, model_input.dtype)
         out = unet(
-            model_input.to(unet.dtype),
+            model_input.to(self.model_dtype),
             t,
-            encoder_hidden_states=embeds.to(unet.dtype),
+            encoder_hidden_states=embeds.to(self.model_dtype),
             timestep_cond=timestep_cond,
             added_cond_kwargs=self._added_conditioning(conditioning, settings, cfg),
             return_dict=False,

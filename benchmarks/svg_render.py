@@ -1,0 +1,118 @@
+"""SVG rendering throughput: cairosvg vs skia, and worker-pool parallelism, measured side by side.
+
+Renders the same random documents (filled and stroked rects, circles, ellipses, polygons, Bezier
+paths, opacity, rotations, gradients on straight-edged shapes: the subset skia renders itself)
+in alternating rounds:
+
+- in this process (``render_local``: sanitise + rasterise, no isolation) with each backend;
+- through :class:`SVGRenderPool` with 1 and 2 worker processes (timeouts, IPC included).
+
+Ratios are the numbers to read: ``skia / cairosvg`` is what the fast backend buys per core,
+``2 workers / 1 worker`` what a second process buys (bounded by free cores), ``pool / in-process``
+what isolation costs. Absolute rates depend on the machine.
+
+    python benchmarks/svg_render.py                      # 48 documents, 256 px, 3 rounds, < 1 minute
+    python benchmarks/svg_render.py --size 512 --documents 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from genalign.rewards.svg import SVGRenderPool, render_local
+
+
+def random_color(rng: random.Random) -> str:
+    return "#%02x%02x%02x" % tuple(rng.randrange(256) for _ in range(3))
+
+
+def random_document(rng: random.Random, shapes: int = 12) -> str:
+    defs, body = [], []
+    for i in range(shapes):
+        kind = rng.choice(["rect", "circle", "ellipse", "polygon", "path"])
+        paint = random_color(rng)
+        if kind in ("rect", "circle", "polygon") and rng.random() < 0.3:
+            stops = "".join(f'<stop offset="{o}" stop-color="{random_color(rng)}"/>' for o in (0, 1))
+            defs.append(f'<linearGradient id="g{i}">{stops}</linearGradient>')
+            paint = f"url(#g{i})"
+        style = f'fill="{paint}"'
+        if rng.random() < 0.5:
+            style += f' stroke="{random_color(rng)}" stroke-width="{rng.uniform(0.5, 4):.1f}" stroke-linejoin="round"'
+        if rng.random() < 0.3:
+            style += f' opacity="{rng.uniform(0.3, 0.9):.2f}"'
+        if rng.random() < 0.3:
+            style += f' transform="rotate({rng.uniform(-45, 45):.1f} 50 50)"'
+        x, y, w, h = rng.uniform(0, 70), rng.uniform(0, 70), rng.uniform(5, 40), rng.uniform(5, 40)
+        points = [f"{rng.uniform(0, 100):.1f} {rng.uniform(0, 100):.1f}" for _ in range(7)]
+        if kind == "rect":
+            body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" {style}/>')
+        elif kind == "circle":
+            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{w / 2:.1f}" {style}/>')
+        elif kind == "ellipse":
+            body.append(f'<ellipse cx="{x:.1f}" cy="{y:.1f}" rx="{w / 2:.1f}" ry="{h / 2:.1f}" {style}/>')
+        elif kind == "polygon":
+            body.append(f'<polygon points="{" ".join(p.replace(" ", ",") for p in points[:5])}" {style}/>')
+        else:
+            d = f"M{points[0]} C{points[1]} {points[2]} {points[3]} Q{points[4]} {points[5]} L{points[6]} Z"
+            body.append(f'<path d="{d}" {style}/>')
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 100 100">'
+        f"<defs>{''.join(defs)}</defs>{''.join(body)}</svg>"
+    )
+
+
+def rate(fn: Callable[[], object], count: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--documents", type=int, default=48)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    rng = random.Random(0)
+    documents = [random_document(rng) for _ in range(args.documents)]
+    size, count = args.size, len(documents)
+    skia_share = sum(render_local(d, size, size, "skia").backend == "skia" for d in documents) / count
+
+    with SVGRenderPool(workers=1) as one, SVGRenderPool(workers=2) as two:
+        one.render(documents[:2], size, size)  # start the workers (forkserver, imports)
+        two.render(documents[:4], size, size)
+        modes: dict[str, Callable[[], object]] = {}
+        for backend in ("cairosvg", "skia"):
+            modes[f"{backend}, in-process"] = lambda b=backend: [render_local(d, size, size, b) for d in documents]
+            modes[f"{backend}, pool x1"] = lambda b=backend: one.render(documents, size, size, b)
+            modes[f"{backend}, pool x2"] = lambda b=backend: two.render(documents, size, size, b)
+        rates: dict[str, list[float]] = {name: [] for name in modes}
+        for _ in range(args.rounds):  # alternate, so drift in machine load hits every mode alike
+            for name, fn in modes.items():
+                rates[name].append(rate(fn, count))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+
+    print(f"{count} documents at {size}x{size}, {args.rounds} rounds (median); skia rendered {skia_share:.0%} itself")
+    print(f"{'mode':<24}{'renders/s':>12}")
+    for name, value in median.items():
+        print(f"{name:<24}{value:>12.1f}")
+    print()
+    print(f"{'ratio':<40}{'cairosvg':>10}{'skia':>10}")
+    rows = [
+        ("2 workers / 1 worker", lambda b: median[f"{b}, pool x2"] / median[f"{b}, pool x1"]),
+        ("pool x1 / in-process (isolation cost)", lambda b: median[f"{b}, pool x1"] / median[f"{b}, in-process"]),
+    ]
+    for label, fn in rows:
+        print(f"{label:<40}{fn('cairosvg'):>10.2f}{fn('skia'):>10.2f}")
+    for mode in ("in-process", "pool x1", "pool x2"):
+        ratio = median[f"skia, {mode}"] / median[f"cairosvg, {mode}"]
+        print(f"{'skia / cairosvg, ' + mode:<40}{ratio:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
