@@ -61,8 +61,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from genalign.policies import load_policy
     from genalign.utils.images import save_images
 
-    family = args.family or detect_family(args.model)
-    policy = load_policy(family, args.model, train=False, device=args.device, dtype=args.dtype)
+    from genalign.tiny.materialize import materialize
+
+    model = materialize(args.model)
+    family = args.family or detect_family(model)
+    policy = load_policy(family, model, train=False, device=args.device, dtype=args.dtype)
     prompts = args.prompt
     trajectory = policy.rollout(
         prompts,
@@ -121,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sample", help="sample images from a model (hub id or local folder)")
-    p.add_argument("model", help="hub id or local diffusers folder")
+    p.add_argument("model", help="hub id, local diffusers folder, or tiny:NAME (offline tiny model)")
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
     p.add_argument("--family", default=None, help="policy family (default: read from model_index.json)")

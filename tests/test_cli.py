@@ -1,0 +1,42 @@
+"""The command line: list, sample from every tiny family, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from genalign.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+
+
+def test_list_shows_families_rewards_and_methods(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("sd", "flow", "consistency", "clip", "jpeg_compressibility", "ddpo", "flow_grpo", "ppo_clip"):
+        assert name in out
+
+
+@pytest.mark.parametrize("name", ["sd", "sdxl", "sd3", "flux", "sana", "lcm"])
+def test_sample_writes_images_and_a_grid(tmp_path, name, capsys):
+    out = tmp_path / name
+    args = ["sample", f"tiny:{name}", "--prompt", "a red circle", "--prompt", "a blue square", "--num-images", "2",
+            "--steps", "2", "--out", str(out)]
+    if name == "flux":
+        args += ["--height", "32", "--width", "32"]
+    assert main(args) == 0
+    pngs = sorted(out.glob("sample-*.png"))
+    assert len(pngs) == 4
+    assert (out / "grid.png").is_file()
+    assert Image.open(pngs[0]).mode == "RGB"
+    assert "wrote 4 images" in capsys.readouterr().out
+
+
+def test_unknown_family_and_missing_folder_fail_with_a_message(tmp_path, capsys):
+    assert main(["sample", "tiny:sd", "--family", "gan", "--prompt", "x", "--out", str(tmp_path)]) == 2
+    assert "unknown policy family 'gan'" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
