@@ -14,7 +14,7 @@ from typing import Any
 
 from genalign.policies.base import DiffusionPolicy, LoraSpec, check_group_size, check_model_folder
 from genalign.policies.consistency import ConsistencyPolicy
-from genalign.policies.flow import FluxPolicy, FlowPolicy, SanaPolicy, SD3Policy
+from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
 from genalign.policies.sd import SDPolicy
 from genalign.policies.trajectory import RolloutSettings, Trajectory
 from genalign.registry import Registry

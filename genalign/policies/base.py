@@ -234,17 +234,25 @@ class DiffusionPolicy(torch.nn.Module):
         """The policy's own scheduler (a copy, so pipeline calls cannot change its state)."""
         return copy.deepcopy(scheduler)
 
-    def encode_prompts(self, prompts: list[str], guidance_scale: float, negative_prompt: str) -> dict[str, torch.Tensor]:
+    def encode_prompts(
+        self, prompts: list[str], guidance_scale: float, negative_prompt: str
+    ) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def prepare_latents(self, batch_size: int, height: int, width: int, generators: list[torch.Generator]) -> torch.Tensor:
+    def prepare_latents(
+        self, batch_size: int, height: int, width: int, generators: list[torch.Generator]
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def set_timesteps(self, num_inference_steps: int, latents: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def predict(
-        self, latents: torch.Tensor, step_index: torch.Tensor, conditioning: dict[str, torch.Tensor], settings: RolloutSettings
+        self,
+        latents: torch.Tensor,
+        step_index: torch.Tensor,
+        conditioning: dict[str, torch.Tensor],
+        settings: RolloutSettings,
     ) -> torch.Tensor:
         """The denoiser's output (after guidance) for ``latents`` at per-sample ``step_index`` [B]."""
         raise NotImplementedError
@@ -308,8 +316,12 @@ class DiffusionPolicy(torch.nn.Module):
     ) -> RolloutSettings:
         default_h, default_w = self.default_size()
         return RolloutSettings(
-            num_inference_steps=num_inference_steps if num_inference_steps is not None else self.default_steps,
-            guidance_scale=float(guidance_scale if guidance_scale is not None else self.default_guidance_scale),
+            num_inference_steps=num_inference_steps
+            if num_inference_steps is not None
+            else self.default_steps,
+            guidance_scale=float(
+                guidance_scale if guidance_scale is not None else self.default_guidance_scale
+            ),
             height=height or default_h,
             width=width or default_w,
             eta=float(eta),
@@ -347,7 +359,9 @@ class DiffusionPolicy(torch.nn.Module):
         """
         num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
         validate_rollout_arguments(prompts, num_inference_steps, group_size)
-        settings = self.make_settings(num_inference_steps, guidance_scale, height, width, eta, noise_level, mode)
+        settings = self.make_settings(
+            num_inference_steps, guidance_scale, height, width, eta, noise_level, mode
+        )
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
         group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
@@ -408,7 +422,9 @@ class DiffusionPolicy(torch.nn.Module):
         model_output = self.predict(sample, step_index, trajectory.conditioning, trajectory.settings)
         return self.kernel(model_output, step_index, sample, trajectory.settings, prev_sample, None)
 
-    def log_prob(self, trajectory: Trajectory, step_indices: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+    def log_prob(
+        self, trajectory: Trajectory, step_indices: torch.Tensor | Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Log-probs ``[B, K]`` of the given steps under the current weights.
 
         ``step_indices``: None (all steps), a list of K step indices shared by the batch, or a

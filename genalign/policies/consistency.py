@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from genalign.policies.sd import SDPolicy
 from genalign.sampling import StepOutput, consistency_step
 
@@ -36,4 +34,6 @@ class ConsistencyPolicy(SDPolicy):
 
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
         t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
-        return consistency_step(self.scheduler, model_output, t, latents, prev_sample=prev_sample, generator=generator)
+        return consistency_step(
+            self.scheduler, model_output, t, latents, prev_sample=prev_sample, generator=generator
+        )

@@ -74,7 +74,9 @@ class FlowPolicy(DiffusionPolicy):
             if klass.__name__ in FLOW_ARCHITECTURES:
                 return FLOW_ARCHITECTURES[klass.__name__]
         known = ", ".join(sorted(FLOW_ARCHITECTURES))
-        raise ValueError(f"the flow family does not support {type(pipeline).__name__}; supported pipelines: {known}")
+        raise ValueError(
+            f"the flow family does not support {type(pipeline).__name__}; supported pipelines: {known}"
+        )
 
     def make_scheduler(self, scheduler: Any) -> Any:
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -112,7 +114,11 @@ class SD3Policy(FlowPolicy):
     def encode_prompts(self, prompts, guidance_scale, negative_prompt):
         cfg = guidance_scale > 1.0
         pe, npe, pooled, npooled = self.pipeline.encode_prompt(
-            prompt=prompts, prompt_2=None, prompt_3=None, device=self.device, do_classifier_free_guidance=cfg,
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=self.device,
+            do_classifier_free_guidance=cfg,
             negative_prompt=[negative_prompt] * len(prompts) if cfg else None,
         )
         cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
@@ -123,7 +129,9 @@ class SD3Policy(FlowPolicy):
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels
         dtype = self.model_dtype
-        return self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
+        return self.pipeline.prepare_latents(
+            batch_size, channels, height, width, dtype, self.device, generators
+        )
 
     def set_timesteps(self, num_inference_steps, latents):
         kwargs = {}
@@ -144,8 +152,11 @@ class SD3Policy(FlowPolicy):
             embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
             pooled = torch.cat([conditioning["negative_pooled_prompt_embeds"], pooled])
         out = transformer(
-            hidden_states=x.to(self.model_dtype), timestep=t, encoder_hidden_states=embeds.to(self.model_dtype),
-            pooled_projections=pooled.to(self.model_dtype), return_dict=False,
+            hidden_states=x.to(self.model_dtype),
+            timestep=t,
+            encoder_hidden_states=embeds.to(self.model_dtype),
+            pooled_projections=pooled.to(self.model_dtype),
+            return_dict=False,
         )[0]
         return self._guided(out, settings) if cfg else out
 
@@ -185,7 +196,9 @@ class FluxPolicy(FlowPolicy):
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels // 4
         dtype = self.model_dtype
-        latents, _ = self.pipeline.prepare_latents(batch_size, channels, height, width, dtype, self.device, generators)
+        latents, _ = self.pipeline.prepare_latents(
+            batch_size, channels, height, width, dtype, self.device, generators
+        )
         return latents  # (B, seq, C * 4)
 
     def set_timesteps(self, num_inference_steps, latents):
@@ -215,20 +228,29 @@ class FluxPolicy(FlowPolicy):
 
         def call(embeds: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
             return transformer(
-                hidden_states=latents.to(self.model_dtype), timestep=t.to(self.model_dtype), guidance=guidance,
-                pooled_projections=pooled.to(self.model_dtype), encoder_hidden_states=embeds.to(self.model_dtype),
-                txt_ids=text_ids, img_ids=image_ids, return_dict=False,
+                hidden_states=latents.to(self.model_dtype),
+                timestep=t.to(self.model_dtype),
+                guidance=guidance,
+                pooled_projections=pooled.to(self.model_dtype),
+                encoder_hidden_states=embeds.to(self.model_dtype),
+                txt_ids=text_ids,
+                img_ids=image_ids,
+                return_dict=False,
             )[0]
 
         out = call(conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"])
         if self._uses_cfg(settings.guidance_scale):
-            negative = call(conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"])
+            negative = call(
+                conditioning["negative_prompt_embeds"], conditioning["negative_pooled_prompt_embeds"]
+            )
             out = negative + settings.guidance_scale * (out - negative)
         return out
 
     def decode(self, latents, settings):
         vae = self.pipeline.vae
-        latents = self.pipeline._unpack_latents(latents, settings.height, settings.width, self.pipeline.vae_scale_factor)
+        latents = self.pipeline._unpack_latents(
+            latents, settings.height, settings.width, self.pipeline.vae_scale_factor
+        )
         latents = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         return (vae.decode(latents, return_dict=False)[0] / 2 + 0.5).clamp(0, 1)
 
@@ -242,7 +264,10 @@ class SanaPolicy(FlowPolicy):
     def encode_prompts(self, prompts, guidance_scale, negative_prompt):
         cfg = guidance_scale > 1.0
         pe, mask, npe, nmask = self.pipeline.encode_prompt(
-            prompts, cfg, negative_prompt=negative_prompt, device=self.device,
+            prompts,
+            cfg,
+            negative_prompt=negative_prompt,
+            device=self.device,
             max_sequence_length=self._call_default("max_sequence_length"),
             complex_human_instruction=self._call_default("complex_human_instruction"),
         )
@@ -253,7 +278,9 @@ class SanaPolicy(FlowPolicy):
 
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels
-        return self.pipeline.prepare_latents(batch_size, channels, height, width, torch.float32, self.device, generators)
+        return self.pipeline.prepare_latents(
+            batch_size, channels, height, width, torch.float32, self.device, generators
+        )
 
     def set_timesteps(self, num_inference_steps, latents):
         self.scheduler.set_timesteps(num_inference_steps, device=self.device)
@@ -269,8 +296,11 @@ class SanaPolicy(FlowPolicy):
             embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
             mask = torch.cat([conditioning["negative_prompt_attention_mask"], mask])
         out = transformer(
-            x.to(self.model_dtype), encoder_hidden_states=embeds.to(self.model_dtype), encoder_attention_mask=mask,
-            timestep=t, return_dict=False,
+            x.to(self.model_dtype),
+            encoder_hidden_states=embeds.to(self.model_dtype),
+            encoder_attention_mask=mask,
+            timestep=t,
+            return_dict=False,
         )[0].float()
         if cfg:
             out = self._guided(out, settings)

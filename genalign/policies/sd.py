@@ -49,14 +49,19 @@ class SDPolicy(DiffusionPolicy):
         """Classifier-free guidance runs an unconditional branch when the scale exceeds 1."""
         return guidance_scale > 1.0
 
-    def encode_prompts(self, prompts: list[str], guidance_scale: float, negative_prompt: str) -> dict[str, torch.Tensor]:
+    def encode_prompts(
+        self, prompts: list[str], guidance_scale: float, negative_prompt: str
+    ) -> dict[str, torch.Tensor]:
         cfg = self.uses_cfg(guidance_scale)
         # An empty negative prompt is passed as None so each pipeline applies its own default
         # (SDXL's force_zeros_for_empty_prompt zeroes the unconditional embedding).
         negative = [negative_prompt] * len(prompts) if cfg and negative_prompt else None
         if self.is_sdxl:
             pe, npe, pooled, npooled = self.pipeline.encode_prompt(
-                prompts, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=cfg,
+                prompts,
+                device=self.device,
+                num_images_per_prompt=1,
+                do_classifier_free_guidance=cfg,
                 negative_prompt=negative,
             )
             cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
@@ -69,7 +74,9 @@ class SDPolicy(DiffusionPolicy):
             cond["negative_prompt_embeds"] = npe
         return cond
 
-    def prepare_latents(self, batch_size: int, height: int, width: int, generators: list[torch.Generator]) -> torch.Tensor:
+    def prepare_latents(
+        self, batch_size: int, height: int, width: int, generators: list[torch.Generator]
+    ) -> torch.Tensor:
         from diffusers.utils.torch_utils import randn_tensor
 
         scale = self.pipeline.vae_scale_factor
@@ -83,7 +90,9 @@ class SDPolicy(DiffusionPolicy):
             self.scheduler.set_timesteps(num_inference_steps, device=self.device)
         return self.scheduler.timesteps
 
-    def _added_conditioning(self, cond: dict[str, torch.Tensor], settings: RolloutSettings, cfg: bool) -> dict | None:
+    def _added_conditioning(
+        self, cond: dict[str, torch.Tensor], settings: RolloutSettings, cfg: bool
+    ) -> dict | None:
         if not self.is_sdxl:
             return None
         size = (settings.height, settings.width)
@@ -97,7 +106,11 @@ class SDPolicy(DiffusionPolicy):
         return {"text_embeds": pooled, "time_ids": time_ids.expand(pooled.shape[0], -1)}
 
     def predict(
-        self, latents: torch.Tensor, step_index: torch.Tensor, conditioning: dict[str, torch.Tensor], settings: RolloutSettings
+        self,
+        latents: torch.Tensor,
+        step_index: torch.Tensor,
+        conditioning: dict[str, torch.Tensor],
+        settings: RolloutSettings,
     ) -> torch.Tensor:
         unet = self.pipeline.unet
         cfg = self.uses_cfg(settings.guidance_scale)
@@ -111,7 +124,9 @@ class SDPolicy(DiffusionPolicy):
         timestep_cond = None
         if unet.config.time_cond_proj_dim is not None:
             w = torch.full((model_input.shape[0],), settings.guidance_scale - 1.0)
-            timestep_cond = self.pipeline.get_guidance_scale_embedding(w, embedding_dim=unet.config.time_cond_proj_dim)
+            timestep_cond = self.pipeline.get_guidance_scale_embedding(
+                w, embedding_dim=unet.config.time_cond_proj_dim
+            )
             timestep_cond = timestep_cond.to(self.device, model_input.dtype)
         out = unet(
             model_input.to(self.model_dtype),
@@ -129,7 +144,13 @@ class SDPolicy(DiffusionPolicy):
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
         t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
         return ddim_step(
-            self.scheduler, model_output, t, latents, eta=settings.eta, prev_sample=prev_sample, generator=generator
+            self.scheduler,
+            model_output,
+            t,
+            latents,
+            eta=settings.eta,
+            prev_sample=prev_sample,
+            generator=generator,
         )
 
     def decode(self, latents: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:

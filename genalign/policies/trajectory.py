@@ -113,7 +113,9 @@ class Trajectory:
             log_probs=torch.cat([t.log_probs for t in trajectories]),
             stds=torch.cat([t.stds for t in trajectories]),
             images=torch.cat([t.images for t in trajectories]),
-            conditioning={k: torch.cat([t.conditioning[k] for t in trajectories]) for k in first.conditioning},
+            conditioning={
+                k: torch.cat([t.conditioning[k] for t in trajectories]) for k in first.conditioning
+            },
             settings=first.settings,
             extras=dict(first.extras),
         )

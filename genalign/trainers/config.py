@@ -52,7 +52,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.num_inference_steps <= 0:
-            raise ConfigError(f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}")
+            raise ConfigError(
+                f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}"
+            )
 
 
 @dataclass
@@ -136,7 +138,14 @@ class TrainConfig:
                     f"a batch must hold whole prompt groups"
                 )
             self.prompts_per_step = self.batch_size // self.group_size
-        for key in ("num_steps", "prompts_per_step", "group_size", "minibatch_size", "gradient_accumulation_steps", "inner_epochs"):
+        for key in (
+            "num_steps",
+            "prompts_per_step",
+            "group_size",
+            "minibatch_size",
+            "gradient_accumulation_steps",
+            "inner_epochs",
+        ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
         if not 0.0 < self.timestep_fraction <= 1.0:

@@ -22,7 +22,11 @@ LOSSES: Registry[type[PolicyLoss]] = Registry("loss")
 
 class PolicyLoss:
     def __call__(
-        self, policy: DiffusionPolicy, trajectory: Trajectory, step_index: torch.Tensor, advantages: torch.Tensor
+        self,
+        policy: DiffusionPolicy,
+        trajectory: Trajectory,
+        step_index: torch.Tensor,
+        advantages: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
@@ -49,8 +53,12 @@ class PPOClipLoss(PolicyLoss):
         loss, info = ppo_clip_loss(
             out.log_prob, old_log_prob, advantages, config.clip_range, config.ratio_reduction, num_dims
         )
-        metrics = {"policy_loss": info["policy_loss"].detach(), "clipfrac": info["clipfrac"].detach(),
-                   "approx_kl": info["approx_kl"].detach(), "ratio": info["ratio"].detach().mean()}
+        metrics = {
+            "policy_loss": info["policy_loss"].detach(),
+            "clipfrac": info["clipfrac"].detach(),
+            "approx_kl": info["approx_kl"].detach(),
+            "ratio": info["ratio"].detach().mean(),
+        }
         if config.kl_coef > 0:
             with torch.no_grad(), policy.reference():
                 reference = policy.step(trajectory, step_index)

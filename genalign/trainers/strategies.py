@@ -110,9 +110,7 @@ class GroupRolloutStrategy(RolloutStrategy):
         prompts, group_ids, seeds = self.global_batch(trainer, step)
         rows = trainer.local_rows(len(prompts))
         local_prompts = [prompts[i] for i in rows.tolist()]
-        trajectory = trainer.policy.rollout(
-            local_prompts, seeds=seeds[rows], **trainer.rollout_kwargs()
-        )
+        trajectory = trainer.policy.rollout(local_prompts, seeds=seeds[rows], **trainer.rollout_kwargs())
         trajectory.group_ids = group_ids[rows]
         out = trainer.reward(trajectory.images, local_prompts)
         rewards = out.scores.detach().float().to(trainer.device)

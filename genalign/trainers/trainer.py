@@ -71,7 +71,13 @@ class Trainer:
     ) -> None:
         from accelerate import Accelerator
 
-        self.policy, self.reward, self.strategy, self.loss, self.config = policy, reward, strategy, loss, config
+        self.policy, self.reward, self.strategy, self.loss, self.config = (
+            policy,
+            reward,
+            strategy,
+            loss,
+            config,
+        )
         self.prompts = list(prompts)
         if not self.prompts:
             raise ValueError("the prompt pool is empty")
@@ -165,7 +171,9 @@ class Trainer:
         trajectory = batch.trajectory
         stochastic = trajectory.stochastic_steps()
         if stochastic.numel() == 0:
-            raise ValueError("every sampling step is deterministic (eta = 0 / mode = ode?): nothing to train on")
+            raise ValueError(
+                "every sampling step is deterministic (eta = 0 / mode = ode?): nothing to train on"
+            )
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
         sums: dict[str, float] = {}
@@ -174,7 +182,9 @@ class Trainer:
         for epoch in range(train.inner_epochs):
             generator = step_generator(train.seed, step, epoch)
             permutation = torch.randperm(global_size, generator=generator)
-            chosen = select_timesteps_per_sample(global_size, stochastic.numel(), train.timestep_fraction, generator)
+            chosen = select_timesteps_per_sample(
+                global_size, stochastic.numel(), train.timestep_fraction, generator
+            )
             step_indices = stochastic[chosen]  # (B_global, K) actual step indices
             num_minibatches = global_size // train.minibatch_size
             for m in range(num_minibatches):
@@ -187,7 +197,9 @@ class Trainer:
                     share = len(local) / train.minibatch_size
                     for k in range(step_indices.shape[1]):
                         with self.accelerator.autocast():
-                            loss, info = self.loss(self.policy, sub, step_indices[local_global, k], advantages)
+                            loss, info = self.loss(
+                                self.policy, sub, step_indices[local_global, k], advantages
+                            )
                         scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
                         (loss * scale).backward()
                         for key, value in info.items():
@@ -230,7 +242,10 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _trainable_state(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().cpu().contiguous() for name, p in self.policy.named_trainable_parameters().items()}
+        return {
+            name: p.detach().cpu().contiguous()
+            for name, p in self.policy.named_trainable_parameters().items()
+        }
 
     def save(self) -> Path | None:
         """Write an atomic checkpoint of everything needed to resume (main process only)."""
@@ -293,7 +308,11 @@ class Trainer:
         """Drop metric lines of steps after ``step`` (logged before a crash, redone after resume)."""
         if not self.is_main_process or not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().splitlines() if line and json.loads(line)["step"] < step]
+        kept = [
+            line
+            for line in self.metrics_path.read_text().splitlines()
+            if line and json.loads(line)["step"] < step
+        ]
         self.metrics_path.write_text("".join(line + "\n" for line in kept))
         self.history = [json.loads(line) for line in kept]
 
@@ -303,7 +322,9 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with self.metrics_path.open("a") as handle:
                 handle.write(json.dumps(metrics) + "\n")
-            numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numeric = {
+                k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             if self.config.logging.trackers:
                 self.accelerator.log(numeric, step=metrics["step"])
 
@@ -328,7 +349,9 @@ class Trainer:
         if config.logging.trackers:
             self.accelerator.init_trackers(config.name, config={"fingerprint": config.fingerprint()})
         bar = progress_bar(
-            range(self.step, config.train.num_steps), desc="train", disable=not (config.logging.progress and self.is_main_process)
+            range(self.step, config.train.num_steps),
+            desc="train",
+            disable=not (config.logging.progress and self.is_main_process),
         )
         for step in bar:
             metrics = self.train_step(step)
@@ -354,7 +377,16 @@ class Trainer:
         return int(path.name.split("-")[-1]) if path else -1
 
     def export_weights(self) -> Path:
-        """Trained weights in the standard format: a diffusers LoRA file, or the full denoiser."""
+        """Trained weights in the standard format: a diffusers LoRA file, or the full denoiser.
+
+        With ``train.ema_decay`` set, the exported weights are the EMA of the trained ones.
+        """
+        if self.ema is not None:
+            with self.ema.swapped(self.parameters):
+                return self._export_weights()
+        return self._export_weights()
+
+    def _export_weights(self) -> Path:
         out = self.run_dir / "final"
         out.mkdir(parents=True, exist_ok=True)
         pipeline = self.policy.pipeline
@@ -364,7 +396,9 @@ class Trainer:
 
             state = get_peft_model_state_dict(denoiser)
             component = "unet" if hasattr(pipeline, "unet") else "transformer"
-            type(pipeline).save_lora_weights(out, **{f"{component}_lora_layers": state}, safe_serialization=True)
+            type(pipeline).save_lora_weights(
+                out, **{f"{component}_lora_layers": state}, safe_serialization=True
+            )
         else:
             denoiser.save_pretrained(out / ("unet" if hasattr(pipeline, "unet") else "transformer"))
         return out
@@ -382,7 +416,9 @@ class Trainer:
         err = [m["reward_stderr"] for m in self.history if not m.get("skipped")]
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.plot(steps, mean, marker="o", ms=3)
-        ax.fill_between(steps, [a - b for a, b in zip(mean, err)], [a + b for a, b in zip(mean, err)], alpha=0.25)
+        ax.fill_between(
+            steps, [a - b for a, b in zip(mean, err)], [a + b for a, b in zip(mean, err)], alpha=0.25
+        )
         ax.set_xlabel("step")
         ax.set_ylabel(f"reward ({self.config.reward.name})")
         ax.set_title(self.config.name)
@@ -399,7 +435,9 @@ def _plain(config: Any) -> Any:
     return to_dict(config)
 
 
-def build_trainer(config: RecipeConfig, base_dir: Path | None = None, accelerator: Any | None = None) -> Trainer:
+def build_trainer(
+    config: RecipeConfig, base_dir: Path | None = None, accelerator: Any | None = None
+) -> Trainer:
     """Build policy, reward, strategy and loss from a recipe and return the trainer."""
     from genalign.policies import LoraSpec, load_policy
     from genalign.rewards import load_reward

@@ -59,7 +59,9 @@ def test_first_inner_step_is_on_policy(tmp_path):
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_update_moves_log_prob_with_the_sign_of_the_advantage(tmp_path, sign):
-    trainer = make_trainer(tmp_path, "train.ratio_reduction=sum", "train.clip_range=0.9", "train.learning_rate=1e-3")
+    trainer = make_trainer(
+        tmp_path, "train.ratio_reduction=sum", "train.clip_range=0.9", "train.learning_rate=1e-3"
+    )
     trajectory = trainer.strategy.collect(trainer, 0).trajectory.select([0])
     step = torch.tensor([1])
     # LoRA's B starts at zero, so A has no gradient until B moves: two updates reach every factor.
@@ -75,7 +77,9 @@ def test_update_moves_log_prob_with_the_sign_of_the_advantage(tmp_path, sign):
 def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path):
     trainer = make_trainer(tmp_path, "train.inner_epochs=2")
     frozen = {n: p.detach().clone() for n, p in trainer.policy.pipeline.vae.named_parameters()}
-    unet_frozen = {n: p.detach().clone() for n, p in trainer.policy.denoiser.named_parameters() if not p.requires_grad}
+    unet_frozen = {
+        n: p.detach().clone() for n, p in trainer.policy.denoiser.named_parameters() if not p.requires_grad
+    }
     before = params(trainer)
     trainer.train_step(0)
     after = params(trainer)
@@ -97,7 +101,9 @@ def test_group_advantages_in_a_step_equal_a_hand_computation(tmp_path):
         mean = block.mean()
         std = math.sqrt(((block - mean) ** 2).mean().item())
         expected += [((x - mean) / (std + 1e-4)).item() for x in block]
-    torch.testing.assert_close(batch.advantages.double(), torch.tensor(expected, dtype=torch.double), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        batch.advantages.double(), torch.tensor(expected, dtype=torch.double), atol=1e-5, rtol=1e-5
+    )
 
 
 def _metrics_without_times(path: Path) -> list[dict]:
@@ -146,7 +152,9 @@ def test_nan_reward_skips_the_step(tmp_path):
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "configs" / "tiny").glob("*.yaml")), ids=lambda p: p.stem)
 def test_each_tiny_recipe_runs_two_steps(tmp_path, recipe):
-    config = load_recipe(recipe, ["train.num_steps=2", f"logging.run_dir={tmp_path}/run", "logging.progress=false"])
+    config = load_recipe(
+        recipe, ["train.num_steps=2", f"logging.run_dir={tmp_path}/run", "logging.progress=false"]
+    )
     trainer = build_trainer(config, base_dir=recipe.parent)
     history = trainer.train()
     assert [m["step"] for m in history] == [0, 1]
@@ -161,9 +169,40 @@ def test_exported_lora_loads_into_the_pipeline(tmp_path):
     trainer.train()
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(trainer.config.model.path.replace("tiny:", str(Path(os.environ["GENALIGN_TINY_CACHE"])) + "/"))
+    pipe = DiffusionPipeline.from_pretrained(
+        trainer.config.model.path.replace("tiny:", str(Path(os.environ["GENALIGN_TINY_CACHE"])) + "/")
+    )
     pipe.load_lora_weights(trainer.run_dir / "final")
     assert any("lora" in n for n, _ in pipe.unet.named_parameters())
+
+
+def test_trackers_samples_and_ema_export(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    (tmp_path / "wandb").mkdir()
+    trainer = make_trainer(
+        tmp_path,
+        "train.num_steps=2",
+        "logging.trackers=[wandb]",
+        "logging.sample_every=1",
+        "train.ema_decay=0.5",
+    )
+    trainer.train()
+    assert sorted(p.name for p in (trainer.run_dir / "samples").glob("*.png")) == [
+        "step-000000.png",
+        "step-000001.png",
+    ]
+    assert list((tmp_path / "wandb").rglob("*.wandb")), "no offline W&B run was written"
+    from safetensors.torch import load_file
+
+    exported = load_file(trainer.run_dir / "final" / "pytorch_lora_weights.safetensors")
+    shadow = trainer.ema.state_dict()["shadow_params"]
+    trained = trainer.parameters
+    # the exported LoRA holds the EMA weights (key names differ: compare the tensors as a multiset)
+    exported_sums = sorted(float(t.double().sum()) for t in exported.values())
+    assert exported_sums == pytest.approx(sorted(float(t.double().sum()) for t in shadow), abs=1e-5)
+    assert exported_sums != pytest.approx(sorted(float(t.double().sum()) for t in trained), abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -188,9 +227,21 @@ def test_two_processes_match_one_process(tmp_path):
     env = {**os.environ, "GENALIGN_TINY_CACHE": os.environ["GENALIGN_TINY_CACHE"], "OMP_NUM_THREADS": "1"}
     # accelerate's own launcher starts several CPU processes only through mpirun; torchrun sets the
     # same environment (RANK, WORLD_SIZE, MASTER_ADDR) and accelerate initialises gloo from it.
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
-    subprocess.run([*launcher, str(script), str(tmp_path / "two")], check=True, env=env, cwd=ROOT, timeout=600)
-    subprocess.run([sys.executable, str(script), str(tmp_path / "one")], check=True, env=env, cwd=ROOT, timeout=600)
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29533",
+    ]
+    subprocess.run(
+        [*launcher, str(script), str(tmp_path / "two")], check=True, env=env, cwd=ROOT, timeout=600
+    )
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "one")], check=True, env=env, cwd=ROOT, timeout=600
+    )
     from safetensors.torch import load_file
 
     rank0 = load_file(tmp_path / "two" / "params-rank0.safetensors")
