@@ -28,7 +28,9 @@ def detect_family(model: str) -> str:
     class_name = DiffusionPipeline.load_config(model)["_class_name"]
     if class_name not in PIPELINE_FAMILIES:
         known = ", ".join(sorted(PIPELINE_FAMILIES))
-        raise SystemExit(f"cannot tell the family of {model} ({class_name}); pass --family. Known pipelines: {known}")
+        raise SystemExit(
+            f"cannot tell the family of {model} ({class_name}); pass --family. Known pipelines: {known}"
+        )
     return PIPELINE_FAMILIES[class_name]
 
 
@@ -59,9 +61,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from genalign.policies import load_policy
-    from genalign.utils.images import save_images
-
     from genalign.tiny.materialize import materialize
+    from genalign.utils.images import save_images
 
     model = materialize(args.model)
     family = args.family or detect_family(model)
@@ -155,7 +156,9 @@ def _cuda() -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as error:  # ConfigError is a ValueError

@@ -16,15 +16,36 @@ def _tiny_cache(tmp_path_factory, monkeypatch):
 def test_list_shows_families_rewards_and_methods(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("sd", "flow", "consistency", "clip", "jpeg_compressibility", "ddpo", "flow_grpo", "ppo_clip"):
+    for name in (
+        "sd",
+        "flow",
+        "consistency",
+        "clip",
+        "jpeg_compressibility",
+        "ddpo",
+        "flow_grpo",
+        "ppo_clip",
+    ):
         assert name in out
 
 
 @pytest.mark.parametrize("name", ["sd", "sdxl", "sd3", "flux", "sana", "lcm"])
 def test_sample_writes_images_and_a_grid(tmp_path, name, capsys):
     out = tmp_path / name
-    args = ["sample", f"tiny:{name}", "--prompt", "a red circle", "--prompt", "a blue square", "--num-images", "2",
-            "--steps", "2", "--out", str(out)]
+    args = [
+        "sample",
+        f"tiny:{name}",
+        "--prompt",
+        "a red circle",
+        "--prompt",
+        "a blue square",
+        "--num-images",
+        "2",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     if name == "flux":
         args += ["--height", "32", "--width", "32"]
     assert main(args) == 0

@@ -36,7 +36,9 @@ def test_yaml_and_overrides(tmp_path):
 
 
 def test_unknown_key_lists_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"unknown config key 'rte' in inner; allowed keys: mode, names, rate"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'rte' in inner; allowed keys: mode, names, rate"
+    ):
         from_dict(Outer, {"inner": {"rte": 1}})
 
 

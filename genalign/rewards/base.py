@@ -135,7 +135,9 @@ def validate_images(images: Any) -> int:
         raise ValueError(f"images must be floating point in [0, 1], got dtype {images.dtype}")
     if images.numel() and not torch.isfinite(images.detach()).all():
         bad = (~torch.isfinite(images.detach())).flatten(1).any(dim=1).nonzero().flatten().tolist()
-        raise ValueError(f"images contain NaN or infinite values (samples {bad}, shape {tuple(images.shape)})")
+        raise ValueError(
+            f"images contain NaN or infinite values (samples {bad}, shape {tuple(images.shape)})"
+        )
     if images.numel():
         lo, hi = float(images.detach().min()), float(images.detach().max())
         if lo < -1e-4 or hi > 1 + 1e-4:

@@ -20,7 +20,9 @@ def make_grid(images: torch.Tensor, columns: int | None = None, padding: int = 2
     batch, _, height, width = images.shape
     columns = columns or math.ceil(math.sqrt(batch))
     rows = math.ceil(batch / columns)
-    grid = Image.new("RGB", (columns * (width + padding) + padding, rows * (height + padding) + padding), "white")
+    grid = Image.new(
+        "RGB", (columns * (width + padding) + padding, rows * (height + padding) + padding), "white"
+    )
     for i in range(batch):
         r, c = divmod(i, columns)
         grid.paste(to_pil(images[i]), (padding + c * (width + padding), padding + r * (height + padding)))

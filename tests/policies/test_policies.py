@@ -57,12 +57,16 @@ def test_noise_free_rollout_reproduces_the_diffusers_pipeline(family):
     policy = policy_class.from_pipe(pipe, train=False)
     guidance = 3.0
     steps = 1 if name == "lcm" else 3
-    trajectory = policy.rollout(PROMPTS, num_inference_steps=steps, guidance_scale=guidance, generator=7, **rollout_kwargs)
+    trajectory = policy.rollout(
+        PROMPTS, num_inference_steps=steps, guidance_scale=guidance, generator=7, **rollout_kwargs
+    )
     call_kwargs = {**call_kwargs, "guidance_scale": guidance}
     if name in ("sd", "sdxl"):  # the sd family's step policy is DDIM's; compare with DDIM
         from diffusers import DDIMScheduler
 
-        pipe = type(pipe)(**{**pipe.components, "scheduler": DDIMScheduler.from_config(pipe.scheduler.config)})
+        pipe = type(pipe)(
+            **{**pipe.components, "scheduler": DDIMScheduler.from_config(pipe.scheduler.config)}
+        )
     expected = pipe(
         PROMPTS,
         num_inference_steps=steps,
@@ -82,7 +86,12 @@ def test_rescoring_reproduces_every_stored_log_prob(family, guidance_scale):
     _, policy_class, _, _ = FAMILIES[name]
     policy = policy_class.from_pipe(pipe, train=False)
     trajectory = policy.rollout(
-        PROMPTS, num_inference_steps=3, guidance_scale=guidance_scale, group_size=2, generator=3, **STOCHASTIC[name]
+        PROMPTS,
+        num_inference_steps=3,
+        guidance_scale=guidance_scale,
+        group_size=2,
+        generator=3,
+        **STOCHASTIC[name],
     )
     assert trajectory.log_probs.shape == (4, 3)
     assert trajectory.latents.shape[:2] == (4, 4)
@@ -99,7 +108,9 @@ def test_per_sample_step_indices_match_shared_indices():
     trajectory = policy.rollout(PROMPTS, num_inference_steps=4, guidance_scale=3.0, generator=1)
     per_sample = policy.log_prob(trajectory, torch.tensor([[0, 3], [2, 1]]))
     shared = policy.log_prob(trajectory)
-    torch.testing.assert_close(per_sample, torch.stack([shared[0, [0, 3]], shared[1, [2, 1]]]), atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(
+        per_sample, torch.stack([shared[0, [0, 3]], shared[1, [2, 1]]]), atol=1e-3, rtol=1e-5
+    )
 
 
 def test_group_rollout_shares_prompts_and_differs_in_noise():
