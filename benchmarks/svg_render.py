@@ -9,15 +9,18 @@ in alternating rounds:
 
 Ratios are the numbers to read: ``skia / cairosvg`` is what the fast backend buys per core,
 ``2 workers / 1 worker`` what a second process buys (bounded by free cores), ``pool / in-process``
-what isolation costs. Absolute rates depend on the machine.
+what isolation costs. Absolute rates depend on the machine; the parallel ratio needs free cores
+(the parent process also works: it hands out tasks and converts results), so the CPU count and
+load average are printed with the table.
 
-    python benchmarks/svg_render.py                      # 48 documents, 256 px, 3 rounds, < 1 minute
+    python benchmarks/svg_render.py                      # 48 documents, 256 px, 3 rounds, ~20 s
     python benchmarks/svg_render.py --size 512 --documents 96
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -27,7 +30,7 @@ from genalign.rewards.svg import SVGRenderPool, render_local
 
 
 def random_color(rng: random.Random) -> str:
-    return "#%02x%02x%02x" % tuple(rng.randrange(256) for _ in range(3))
+    return "#" + "".join(f"{rng.randrange(256):02x}" for _ in range(3))
 
 
 def random_document(rng: random.Random, shapes: int = 12) -> str:
@@ -72,14 +75,17 @@ def rate(fn: Callable[[], object], count: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--documents", type=int, default=48)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", type=int, default=16, help="shapes per document")
     args = parser.parse_args()
 
     rng = random.Random(0)
-    documents = [random_document(rng) for _ in range(args.documents)]
+    documents = [random_document(rng, args.shapes) for _ in range(args.documents)]
     size, count = args.size, len(documents)
     skia_share = sum(render_local(d, size, size, "skia").backend == "skia" for d in documents) / count
 
@@ -88,7 +94,9 @@ def main() -> None:
         two.render(documents[:4], size, size)
         modes: dict[str, Callable[[], object]] = {}
         for backend in ("cairosvg", "skia"):
-            modes[f"{backend}, in-process"] = lambda b=backend: [render_local(d, size, size, b) for d in documents]
+            modes[f"{backend}, in-process"] = lambda b=backend: [
+                render_local(d, size, size, b) for d in documents
+            ]
             modes[f"{backend}, pool x1"] = lambda b=backend: one.render(documents, size, size, b)
             modes[f"{backend}, pool x2"] = lambda b=backend: two.render(documents, size, size, b)
         rates: dict[str, list[float]] = {name: [] for name in modes}
@@ -97,7 +105,11 @@ def main() -> None:
                 rates[name].append(rate(fn, count))
     median = {name: statistics.median(values) for name, values in rates.items()}
 
-    print(f"{count} documents at {size}x{size}, {args.rounds} rounds (median); skia rendered {skia_share:.0%} itself")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"{count} documents of {args.shapes} shapes at {size}x{size}, {args.rounds} rounds (median); "
+        f"skia rendered {skia_share:.0%} itself; {os.cpu_count()} CPUs, load average {load:.1f}"
+    )
     print(f"{'mode':<24}{'renders/s':>12}")
     for name, value in median.items():
         print(f"{name:<24}{value:>12.1f}")
@@ -105,7 +117,10 @@ def main() -> None:
     print(f"{'ratio':<40}{'cairosvg':>10}{'skia':>10}")
     rows = [
         ("2 workers / 1 worker", lambda b: median[f"{b}, pool x2"] / median[f"{b}, pool x1"]),
-        ("pool x1 / in-process (isolation cost)", lambda b: median[f"{b}, pool x1"] / median[f"{b}, in-process"]),
+        (
+            "pool x1 / in-process (isolation cost)",
+            lambda b: median[f"{b}, pool x1"] / median[f"{b}, in-process"],
+        ),
     ]
     for label, fn in rows:
         print(f"{label:<40}{fn('cairosvg'):>10.2f}{fn('skia'):>10.2f}")

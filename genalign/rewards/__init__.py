@@ -12,6 +12,7 @@ name                       what                                                 
 ``jpeg_compressibility``   -JPEG size in kB (DDPO)                                     no
 ``jpeg_incompressibility`` +JPEG size in kB (DDPO)                                     no
 ``ensemble``               weighted, optionally normalised sum of members              if all
+``svg_fidelity``           RLRF rendering reward on SVG text (Rodriguez et al. 2025)   no
 =========================  ==========================================================  =====
 """
 
@@ -32,6 +33,7 @@ from genalign.rewards.hps import HPSv2Reward
 from genalign.rewards.jpeg import JpegCompressibilityReward, JpegIncompressibilityReward
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
+from genalign.rewards.svg import SVGFidelityReward
 
 __all__ = [
     "REWARDS",
@@ -48,6 +50,7 @@ __all__ = [
     "PreprocessConfig",
     "Reward",
     "RewardOutput",
+    "SVGFidelityReward",
     "TransformersClipEmbedder",
     "list_rewards",
     "load_clip_embedder",

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,17 +49,20 @@ logger = logging.getLogger(__name__)
 
 TERMS = ("image", "edge", "semantic", "length")
 DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0}
-_LUMA = (0.299, 0.587, 0.114)
 
 
 # -- the terms (pure functions on tensors) ---------------------------------------------------------
 
 
 def normalize_per_channel(images: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """``[B, C, H, W]`` -> per image and channel zero mean, unit (population) std; flat channels -> 0."""
+    """``[B, C, H, W]`` -> per image and channel zero mean, unit (population) std.
+
+    A channel flatter than ``eps`` (std) normalises to exactly 0 instead of amplifying rounding
+    noise, e.g. the red channel of red shapes on white.
+    """
     mean = images.mean(dim=(-2, -1), keepdim=True)
     std = images.std(dim=(-2, -1), keepdim=True, unbiased=False)
-    return (images - mean) / std.clamp_min(eps)
+    return torch.where(std > eps, (images - mean) / std.clamp_min(eps), torch.zeros_like(images))
 
 
 def normalized_l2_reward(
@@ -93,11 +97,7 @@ def gaussian_blur(images: torch.Tensor, sigma: float, kernel_size: int | None = 
 
 
 def canny_edges(
-    images: torch.Tensor,
-    low: float = 0.04,
-    high: float = 0.1,
-    sigma: float = 1.0,
-    max_iterations: int | None = None,
+    images: torch.Tensor, low: float = 0.04, high: float = 0.1, sigma: float = 1.0
 ) -> torch.Tensor:
     """Colour Canny edge detector on ``[B, 3, H, W]`` in [0, 1]; returns binary ``[B, 1, H, W]``.
 
@@ -110,10 +110,13 @@ def canny_edges(
     """
     batch, _, height, width = images.shape
     smooth = gaussian_blur(images.float(), sigma)
-    sobel_x = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=images.device) / 8.0
-    kernels = torch.stack([sobel_x, sobel_x.t()]).unsqueeze(1)  # (2, 1, 3, 3)
-    padded = F.pad(smooth.reshape(-1, 1, height, width), (1, 1, 1, 1), mode="replicate")
-    gradients = F.conv2d(padded, kernels).view(batch, -1, 2, height, width)  # (B, 3, 2, H, W)
+    # Sobel / 8 by shifted differences: [1, 2, 1] smoothing across, [-1, 0, 1] difference along
+    p = F.pad(smooth, (1, 1, 1, 1), mode="replicate")  # (B, 3, H + 2, W + 2)
+    across_rows = p[..., :-2, :] + 2 * p[..., 1:-1, :] + p[..., 2:, :]  # (B, 3, H, W + 2)
+    across_cols = p[..., :, :-2] + 2 * p[..., :, 1:-1] + p[..., :, 2:]  # (B, 3, H + 2, W)
+    grad_x = (across_rows[..., 2:] - across_rows[..., :-2]) / 8.0
+    grad_y = (across_cols[..., 2:, :] - across_cols[..., :-2, :]) / 8.0
+    gradients = torch.stack([grad_x, grad_y], dim=2)  # (B, 3, 2, H, W)
     magnitude_all = gradients.pow(2).sum(2).sqrt()  # (B, 3, H, W)
     magnitude, channel = magnitude_all.max(dim=1, keepdim=True)  # (B, 1, H, W)
     index = channel.unsqueeze(2).expand(batch, 1, 2, height, width)
@@ -132,13 +135,26 @@ def canny_edges(
     weak = is_max & (magnitude >= low)
     edges = is_max & (magnitude >= high)
 
-    # hysteresis: grow strong edges through connected weak ones until nothing changes
-    for _ in range(max_iterations or 2 * (height + width)):
-        grown = F.max_pool2d(edges.float(), 3, stride=1, padding=1).bool() & weak
-        if torch.equal(grown, edges):
-            break
-        edges = grown
-    return edges.float()
+    return hysteresis(weak, edges).float()
+
+
+def hysteresis(weak: torch.Tensor, strong: torch.Tensor) -> torch.Tensor:
+    """Keep the 8-connected components of ``weak`` that contain a ``strong`` pixel. ``[B, 1, H, W]`` bool.
+
+    Connected-component labelling (scipy, on CPU) instead of iterated dilation: an edge chain of
+    length n would need n dilation steps.
+    """
+    from scipy import ndimage
+
+    weak_np, strong_np = weak.cpu().numpy(), strong.cpu().numpy()
+    kept = np.zeros_like(weak_np)
+    structure = np.ones((3, 3), dtype=bool)
+    for index in np.ndindex(*weak_np.shape[:2]):
+        labels, count = ndimage.label(weak_np[index], structure=structure)
+        if count:
+            seeds = np.unique(labels[strong_np[index]])
+            kept[index] = np.isin(labels, seeds[seeds > 0])
+    return torch.from_numpy(kept).to(weak.device)
 
 
 def edge_map(images: torch.Tensor, low: float = 0.04, high: float = 0.1) -> torch.Tensor:
@@ -327,8 +343,8 @@ class SVGFidelityReward(Reward):
         # 1. render (in worker processes, with timeouts); failures are reason codes
         results = self._render(svgs, height, width)
         failure = [r.error for r in results]
-        ok = torch.tensor([r.ok for r in results], dtype=torch.bool)
-        ok_index = ok.nonzero().flatten()
+        ok = torch.tensor([r.ok for r in results], dtype=torch.bool, device=device)
+        ok_index = ok.nonzero().flatten()  # (b,) on the targets' device
 
         # 2. the terms, on the renders that succeeded
         active = {k: w for k, w in self.weights.items() if w > 0}
@@ -345,7 +361,7 @@ class SVGFidelityReward(Reward):
         }
         if len(ok_index):
             renders = torch.stack([results[i].image for i in ok_index.tolist()]).to(device)  # (b, 3, H, W)
-            wanted = targets[ok_index.to(device)]
+            wanted = targets[ok_index]
             reward, mse = normalized_l2_reward(renders, wanted)
             raw["image_mse"][ok_index] = mse
             if "image" in active:
@@ -366,15 +382,17 @@ class SVGFidelityReward(Reward):
         )
         if reference is not None:
             raw["length_ratio"] = (lengths / reference).float().to(device)
-            raw["length_ratio"][~ok.to(device)] = math.nan
+            raw["length_ratio"][~ok] = math.nan
             if "length" in active:
-                value = length_reward(lengths, reference, low=floor if self.clip_length else None).to(device)
+                value = length_reward(lengths, reference, low=floor if self.clip_length else None).to(
+                    device
+                )  # (B,)
                 terms["length"][ok_index] = value[ok_index]
 
         # 3. weighted average of the active terms (RLRF's weighted sum, normalised)
         total = sum(active.values())
         scores = sum(active[name] * terms[name] for name in active) / total
-        scores = torch.where(ok.to(device), scores, torch.full_like(scores, floor))
+        scores = torch.where(ok, scores, torch.full_like(scores, floor))
         failures = [f for f in failure if f is not None]
         if failures:
             logger.debug(

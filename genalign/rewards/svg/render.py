@@ -12,22 +12,31 @@ input image; the renderer therefore sees untrusted text at training throughput. 
 with each render in a worker process of :class:`SVGRenderPool` under a per-render timeout: a
 worker that overruns is killed and replaced, a worker that crashes is replaced, and the batch
 carries on. Failures are values (:class:`RenderResult` with ``error`` set), never exceptions.
+Workers start through forkserver (spawn where there is none), so, as with any such
+multiprocessing, a script that renders must keep its top-level code under
+``if __name__ == "__main__":``.
 
-Backends. ``"cairosvg"`` is the reference. ``"skia"`` renders the same pixels on the subset both
-implement -- paths and basic shapes, fills, strokes (joins, caps, dashes), opacity, transforms,
-linear/radial gradients, patterns, clip paths, masks, ``<use>``, CSS ``<style>`` -- and falls back
-to cairosvg for documents with text, embedded images, filters or markers (skia-python's SVGDOM
-has no font manager and no resource provider, and the two differ on filters and markers); the
-backend actually used is reported in ``RenderResult.backend``. Skia-only fix: ``<ellipse>`` is
-drawn as the equivalent arc path (Skia's ellipse has no object bounding box, so
-``objectBoundingBox`` gradients on it paint black).
+Backends. ``"cairosvg"`` is the reference. ``"skia"`` (skia-python's SVGDOM) renders the same
+pixels on the subset where the two agree -- paths and basic shapes, fills, strokes (joins, caps),
+opacity, transforms, linear/radial gradients, patterns, clip paths, masks, ``<use>``, CSS
+``<style>`` -- and hands a document to cairosvg when it has anything else
+(:data:`SKIA_FALLBACK_FEATURES`: text and embedded images, which skia-python's SVGDOM cannot draw
+without a font manager or resource provider; filters and markers, which cairosvg only partly
+implements; dashes, whose phase on curves differs; ``opacity`` in CSS or on ``<use>``d leaves;
+and Bezier paths painted through ``url(...)``, because cairosvg's bounding box of a curve
+includes its control points). ``RenderResult.backend`` says which renderer drew. Two rewrites make
+skia follow cairosvg: ``<ellipse>`` becomes the equivalent two-arc path (Skia's ellipse has no
+object bounding box, so ``objectBoundingBox`` gradients painted it black), and ``opacity`` on a
+leaf shape becomes fill- and stroke-opacity (cairosvg does not composite a leaf as a group).
 
-Measured agreement (``tests/rewards_svg/test_render.py::test_backends_agree``, 40 random
-documents of rects, circles, ellipses, polygons, Bezier paths, strokes, opacity, gradients and
-transforms, 96x96, anti-aliased): mean absolute difference per channel <= 0.004 on every
-document (0.0011 on average) and 99th percentile of per-pixel difference <= 0.16; differences are
-confined to anti-aliased edges (coverage rounding), interiors are identical. Throughput (one
-process, ``benchmarks/svg_render.py``): skia renders about 3-4x as many documents per second.
+Measured agreement where skia draws (``test_render.py::test_backends_agree``; 92 of 120 random
+documents of rects, rounded rects, circles, ellipses, polygons and Bezier paths with strokes,
+opacity, gradients and rotations, 96x96): mean absolute difference per channel <= 0.005 per
+document (0.0018 on average), 99th percentile <= 0.1, under 1% of values differ by more than 0.1,
+largest single difference 0.37 -- all on anti-aliased edges of curves (Bezier flattening and
+coverage rounding); interiors are identical. Throughput (``benchmarks/svg_render.py``, 256x256,
+16 shapes, one process): skia about 2-3x cairosvg end to end (rasterisation alone about 3.5x;
+sanitising and compositing are shared costs), not the 10x the design notes assumed.
 """
 
 from __future__ import annotations
@@ -61,19 +70,24 @@ from genalign.rewards.svg.sanitize import (
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("cairosvg", "skia")
-SKIA_FALLBACK_FEATURES = frozenset({"text", "image", "filter", "marker"})
-BLANK_TOLERANCE = 2  # uint8 levels: an image whose every channel spans <= this is "blank"
+SKIA_FALLBACK_FEATURES = frozenset(
+    {"text", "image", "filter", "marker", "dash", "css_opacity", "use_opacity", "curve_bbox"}
+)
+BLANK_TOLERANCE = 2  # uint8 levels: every pixel within this of the first one -> "blank"
 MAX_OUTPUT_SIZE = 8192
 FAILURES = ("timeout", "render_error", "blank")  # beside sanitize.REASONS
 
 __all__ = [
     "BACKENDS",
+    "SKIA_FALLBACK_FEATURES",
     "RenderLimits",
     "RenderResult",
     "SVGRenderPool",
+    "default_workers",
     "render_batch",
     "render_local",
     "render_svg",
+    "shared_pool",
 ]
 
 
@@ -126,8 +140,10 @@ def _make_fetcher(limits: RenderLimits):
     return fetch
 
 
-def _rasterize_cairosvg(text: str, width: int, height: int, limits: RenderLimits) -> np.ndarray:
-    """Canonical SVG text -> premultiplied RGBA ``[H, W, 4]`` uint8."""
+def _rasterize_cairosvg(
+    text: str, width: int, height: int, limits: RenderLimits
+) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical SVG text -> premultiplied ``(rgb [H, W, 3], alpha [H, W, 1])`` uint8 views."""
     from cairosvg.parser import Tree
     from cairosvg.surface import PNGSurface
 
@@ -136,10 +152,17 @@ def _rasterize_cairosvg(text: str, width: int, height: int, limits: RenderLimits
     cairo_surface = surface.cairo
     cairo_surface.flush()
     stride = cairo_surface.get_stride()
-    data = np.frombuffer(cairo_surface.get_data(), dtype=np.uint8).reshape(height, stride // 4, 4)[:, :width]
+    # copy: the buffer is the surface's memory, freed with the surface when this function returns
+    data = (
+        np.frombuffer(cairo_surface.get_data(), dtype=np.uint8)
+        .reshape(height, stride // 4, 4)[:, :width]
+        .copy()
+    )
+    del surface, cairo_surface, tree
     # cairo ARGB32 is a native-endian uint32: bytes B, G, R, A on little-endian machines
-    order = [2, 1, 0, 3] if sys.byteorder == "little" else [1, 2, 3, 0]
-    return np.ascontiguousarray(data[..., order])
+    if sys.byteorder == "little":
+        return data[..., 2::-1], data[..., 3:4]
+    return data[..., 1:4], data[..., 0:1]
 
 
 def _ellipses_as_paths(document: SanitizedSVG) -> None:
@@ -156,17 +179,49 @@ def _ellipses_as_paths(document: SanitizedSVG) -> None:
         element.tag = "path"
         element.set(
             "d",
-            f"M{cx - rx:.10g} {cy:.10g}A{rx:.10g} {ry:.10g} 0 1 0 {cx + rx:.10g} {cy:.10g}"
-            f"A{rx:.10g} {ry:.10g} 0 1 0 {cx - rx:.10g} {cy:.10g}Z",
+            # SVG 2 ellipse path: start at (cx + rx, cy), clockwise (positive angles) -- dash phase
+            f"M{cx + rx:.10g} {cy:.10g}A{rx:.10g} {ry:.10g} 0 1 1 {cx - rx:.10g} {cy:.10g}"
+            f"A{rx:.10g} {ry:.10g} 0 1 1 {cx + rx:.10g} {cy:.10g}Z",
         )
 
 
-def _rasterize_skia(document: SanitizedSVG, width: int, height: int) -> np.ndarray:
-    """Canonical document -> premultiplied RGBA ``[H, W, 4]`` uint8 via Skia's SVGDOM."""
+def _leaf_opacity_like_cairosvg(document: SanitizedSVG) -> None:
+    """Skia workaround: cairosvg applies ``opacity`` on a leaf shape as fill- and stroke-opacity
+    (so a stroke overlapping its own fill shows the fill through it) instead of compositing the
+    shape as a group; rewrite leaves the same way so both backends agree."""
+
+    def number(value: str | None, default: float) -> float | None:
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            return None
+
+    stack = [(document.root, 1.0, 1.0)]
+    while stack:
+        element, fill_inherited, stroke_inherited = stack.pop()
+        fill = number(element.get("fill-opacity"), fill_inherited)
+        stroke = number(element.get("stroke-opacity"), stroke_inherited)
+        if fill is None or stroke is None:
+            continue  # unparseable: leave this subtree as written
+        if len(element) == 0 and "opacity" in element.attrib:
+            opacity = number(element.get("opacity"), 1.0)
+            if opacity is not None:
+                del element.attrib["opacity"]
+                element.set("fill-opacity", f"{fill * opacity:.6g}")
+                element.set("stroke-opacity", f"{stroke * opacity:.6g}")
+        stack.extend((child, fill, stroke) for child in element)
+
+
+def _rasterize_skia(document: SanitizedSVG, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical document -> premultiplied ``(rgb [H, W, 3], alpha [H, W, 1])`` uint8 via Skia's SVGDOM."""
     import skia
 
     _ellipses_as_paths(document)
-    dom = skia.SVGDOM.MakeFromStream(skia.MemoryStream(document.to_string().encode("utf-8")))
+    _leaf_opacity_like_cairosvg(document)
+    data = document.to_string().encode("utf-8")
+    dom = skia.SVGDOM.MakeFromStream(skia.MemoryStream(data, True))  # copy: the stream must own its bytes
     if dom is None:
         raise RuntimeError("Skia SVGDOM could not load the document")
     dom.setContainerSize(skia.Size(width, height))
@@ -174,24 +229,30 @@ def _rasterize_skia(document: SanitizedSVG, width: int, height: int) -> np.ndarr
     with surface as canvas:
         canvas.clear(skia.ColorTRANSPARENT)
         dom.render(canvas)
-    return surface.makeImageSnapshot().toarray(
+    rgba = surface.makeImageSnapshot().toarray(
         colorType=skia.kRGBA_8888_ColorType, alphaType=skia.kPremul_AlphaType
     )
+    return rgba[..., :3], rgba[..., 3:4]
 
 
-def _composite_on_white(premultiplied: np.ndarray) -> np.ndarray:
-    """Premultiplied RGBA uint8 ``[H, W, 4]`` over white -> RGB uint8 ``[H, W, 3]`` (exact: c + 255 - a)."""
-    rgba = premultiplied.astype(np.int16)
-    rgb = rgba[..., :3] + (255 - rgba[..., 3:4])
-    return np.clip(rgb, 0, 255).astype(np.uint8)
+def _composite_on_white(rgb: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """Premultiplied ``rgb [H, W, 3]`` + ``alpha [H, W, 1]`` over white -> ``[3, H, W]`` uint8.
+
+    Exact in integers: ``c + (255 - a)``, which cannot overflow because premultiplied ``c <= a``.
+    Written channel-first in one pass (the layout torch wants).
+    """
+    out = np.empty((3, *rgb.shape[:2]), dtype=np.uint8)
+    np.add(rgb.transpose(2, 0, 1), (255 - alpha).transpose(2, 0, 1), out=out)
+    return out
 
 
-def _is_blank(rgb: np.ndarray) -> bool:
-    spread = rgb.reshape(-1, 3).max(axis=0).astype(np.int16) - rgb.reshape(-1, 3).min(axis=0)
-    return bool(spread.max() <= BLANK_TOLERANCE)
+def _is_blank(image: np.ndarray) -> bool:
+    """True when every pixel is within ``BLANK_TOLERANCE`` of the first, channel by channel."""
+    first = image[:, :1, :1]
+    return bool((np.maximum(image, first) - np.minimum(image, first)).max() <= BLANK_TOLERANCE)
 
 
-RawResult = tuple[str | None, str, np.ndarray | None, str | None, float]  # error, detail, rgb, backend, s
+RawResult = tuple[str | None, str, np.ndarray | None, str | None, float]  # error, detail, image, backend, s
 
 
 def _render_raw(
@@ -206,10 +267,10 @@ def _render_raw(
         if backend == "skia" and document.features & SKIA_FALLBACK_FEATURES:
             used = "cairosvg"
         if used == "skia":
-            rgba = _rasterize_skia(document, width, height)
+            rgb, alpha = _rasterize_skia(document, width, height)
         else:
-            rgba = _rasterize_cairosvg(document.to_string(), width, height, limits)
-        rgb = _composite_on_white(rgba)
+            rgb, alpha = _rasterize_cairosvg(document.to_string(), width, height, limits)
+        image = _composite_on_white(rgb, alpha)  # (3, H, W) uint8
     except SVGRejected as rejection:
         return rejection.reason, rejection.message, None, used, time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 - renderer errors on hostile input are data
@@ -220,16 +281,15 @@ def _render_raw(
             used,
             time.perf_counter() - start,
         )
-    if reject_blank and _is_blank(rgb):
+    if reject_blank and _is_blank(image):
         return "blank", "the render is a single uniform colour", None, used, time.perf_counter() - start
-    return None, "", rgb, used, time.perf_counter() - start
+    return None, "", image, used, time.perf_counter() - start
 
 
 def _to_result(raw: RawResult) -> RenderResult:
-    error, detail, rgb, backend, seconds = raw
-    image = None
-    if rgb is not None:
-        image = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).float().div_(255.0)  # (3, H, W)
+    error, detail, pixels, backend, seconds = raw
+    # numpy, not torch: a small single-threaded conversion beats waking torch's thread pool
+    image = None if pixels is None else torch.from_numpy(np.divide(pixels, np.float32(255), dtype=np.float32))
     return RenderResult(image, error, detail, backend, seconds)
 
 
@@ -259,11 +319,27 @@ def render_local(
 # -- worker processes ----------------------------------------------------------------------------
 
 
+_WARM_UP = {
+    "cairosvg": '<svg xmlns="http://www.w3.org/2000/svg"><rect width="4" height="4"/><text y="8">a</text></svg>',
+    "skia": '<svg xmlns="http://www.w3.org/2000/svg"><rect width="4" height="4"/></svg>',  # no text: no fallback
+}
+
+
+def _warm_up() -> None:
+    """Import both renderers and initialise fonts before taking work, so no task deadline pays
+    for imports or a fontconfig start."""
+    for backend, document in _WARM_UP.items():
+        raw = _render_raw(document, 8, 8, backend, RenderLimits(), reject_blank=False)
+        if raw[0] is not None:  # e.g. skia-python missing: shows up per task instead
+            logger.debug("warm-up of %s failed: %s", backend, raw[1])
+
+
 def _worker_main(connection: Connection) -> None:
     """Loop of a render worker: receive a task, send back a :data:`RawResult`; None stops it."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills workers
+    _warm_up()
     connection.send("ready")
     while True:
         try:
@@ -276,6 +352,7 @@ def _worker_main(connection: Connection) -> None:
         connection.send((task_id, _render_raw(svg, width, height, backend, limits, reject_blank)))
 
 
+_RENDERER_MODULES = ("cairosvg.parser", "cairosvg.surface", "skia")  # the forkserver skips any missing
 _PRELOAD_LOCK = threading.Lock()
 _PRELOAD_DONE = False
 
@@ -283,9 +360,11 @@ _PRELOAD_DONE = False
 def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     """forkserver where available (fork-safe beside torch threads; fast respawns), else spawn.
 
-    The forkserver preloads this module once (besides ``__main__``, its default), so forking a
-    replacement worker after a timeout costs milliseconds instead of re-importing torch. The
-    setting only takes effect if the forkserver has not been started by someone else yet.
+    The forkserver preloads this module and the renderers once (besides ``__main__``, its
+    default), so forking a replacement worker after a timeout costs milliseconds instead of
+    re-importing torch. The setting only takes effect if the forkserver has not been started by
+    someone else yet; otherwise workers import on start (before they report ready, so no task
+    deadline pays for it).
     """
     global _PRELOAD_DONE
     methods = multiprocessing.get_all_start_methods()
@@ -294,7 +373,7 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         with _PRELOAD_LOCK:
             if not _PRELOAD_DONE:
-                context.set_forkserver_preload(["__main__", __name__])
+                context.set_forkserver_preload(["__main__", __name__, *_RENDERER_MODULES])
                 _PRELOAD_DONE = True
     return context
 
@@ -355,6 +434,7 @@ class SVGRenderPool:
         self.startup_timeout = startup_timeout
         self.max_tasks_per_worker = max_tasks_per_worker
         self._workers: list[_Worker] = []
+        self._startup_failures = 0
         self._lock = threading.Lock()
         self._closed = False
 
@@ -460,10 +540,16 @@ class SVGRenderPool:
                         logger.warning(
                             "SVG render worker died on input %d (exit code %s); replaced", index, code
                         )
+                    elif not worker.ready:
+                        self._startup_failures += 1
+                        if self._startup_failures > 3 * self.size:
+                            failure = f"SVG render workers keep dying on start (last exit code {code})"
+                            raise RuntimeError(failure) from None
                     self._replace(worker)
                     continue
                 if message == "ready":
                     worker.ready = True
+                    self._startup_failures = 0
                     continue
                 index, raw = message
                 busy.pop(worker, None)

@@ -65,6 +65,7 @@ FILTER_ELEMENTS = frozenset({"filter"})
 _DTD_PATTERN = re.compile(rb"<!\s*(DOCTYPE|ENTITY|ELEMENT|ATTLIST|NOTATION)", re.IGNORECASE)
 _CSS_URL_PATTERN = re.compile(r"url\(\s*(['\"]?)(.*?)\1\s*\)", re.IGNORECASE | re.DOTALL)
 _CSS_IMPORT_PATTERN = re.compile(r"@import", re.IGNORECASE)
+_CSS_OPACITY_PATTERN = re.compile(r"(?:^|[;{\s])opacity\s*:")
 _DATA_IMAGE_PATTERN = re.compile(r"^data:image/([a-z0-9.+-]+)(;[^,]*)?,", re.IGNORECASE)
 _LENGTH_PATTERN = re.compile(
     r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(px|pt|pc|mm|cm|in|em|ex|%)?\s*$"
@@ -123,7 +124,9 @@ class SanitizedSVG:
         viewbox: the ``(min_x, min_y, width, height)`` put on the root.
         element_count: elements after ``<use>`` expansion.
         features: constructs renderers disagree on, found in the document (``"text"``,
-            ``"image"``, ``"filter"``, ``"marker"``); backends use it to pick a fallback.
+            ``"image"``, ``"filter"``, ``"marker"``, ``"dash"``, ``"css_opacity"``, ``"use_opacity"``,
+            ``"curve_bbox"``: a Bezier path painted through a ``url(...)``); backends use it to
+            pick a fallback.
     """
 
     root: ET.Element
@@ -193,14 +196,12 @@ def _local_name(name: str) -> str:
 def _canonical_tree(source: ET.Element, limits: RenderLimits) -> tuple[ET.Element, set[str]]:
     """Copy the SVG-namespace elements with vetted attributes; iterative (no recursion limit)."""
     features: set[str] = set()
+    paint = _PaintReferences()
     root = ET.Element("svg")
-    count = 0
-    stack: list[tuple[ET.Element, ET.Element, int]] = [(source, root, 1)]
+    count = 1
+    stack: list[tuple[ET.Element, ET.Element, int, bool]] = [(source, root, 1, False)]
     while stack:
-        element, copy, depth = stack.pop()
-        count += 1
-        if count > limits.max_elements:
-            raise SVGRejected("too_many_elements", f"more than max_elements={limits.max_elements} elements")
+        element, copy, depth, inherited_url = stack.pop()
         if depth > limits.max_depth:
             raise SVGRejected("too_deep", f"nesting deeper than max_depth={limits.max_depth}")
         name = _local_name(element.tag)
@@ -217,16 +218,61 @@ def _canonical_tree(source: ET.Element, limits: RenderLimits) -> tuple[ET.Elemen
             features.add("marker")
         elif name == "image":
             features.add("image")
+        has_url = paint.visit(copy, name, inherited_url)
         for child in element:
             if not isinstance(child.tag, str):  # comments / processing instructions
                 continue
             child_name = _local_name(child.tag)
             if _namespace(child.tag) not in ("", SVG_NAMESPACE) or child_name in DROPPED_ELEMENTS:
                 continue
+            count += 1
+            if count > limits.max_elements:
+                raise SVGRejected(
+                    "too_many_elements", f"more than max_elements={limits.max_elements} elements"
+                )
             child_copy = ET.SubElement(copy, child_name)
             child_copy.tail = child.tail
-            stack.append((child, child_copy, depth + 1))
+            stack.append((child, child_copy, depth + 1, has_url))
+    if paint.curve_bbox_paint():
+        features.add("curve_bbox")
+    if paint.use and paint.opacity:  # opacity of <use>d leaves depends on the instancing context
+        features.add("use_opacity")
     return root, features
+
+
+class _PaintReferences:
+    """Finds curved paths that may be painted, clipped or masked relative to their bounding box.
+
+    cairosvg's bounding box of a Bezier path is the box of all its points *including control
+    points*; Skia's is the tight box of the curve. Gradients, patterns, clips and masks in
+    ``objectBoundingBox`` units then land differently, so such documents are flagged
+    (``"curve_bbox"``) and the skia backend hands them to cairosvg. Conservative: a ``url(...)``
+    on the path or an ancestor, or anywhere in a document that has ``<use>`` or a ``<style>``
+    with ``url(...)``, counts.
+    """
+
+    _CURVE = re.compile(r"[CcSsQqTt]")
+
+    def __init__(self) -> None:
+        self.curved_path = self.curved_path_with_url = self.any_url = self.use = self.css_url = False
+        self.opacity = False
+
+    def visit(self, element: ET.Element, name: str, inherited_url: bool) -> bool:
+        own_url = any("url(" in value.lower() for value in element.attrib.values())
+        self.any_url |= own_url
+        self.use |= name == "use"
+        self.opacity |= "opacity" in element.attrib
+        if name == "style" and element.text and "url(" in element.text.lower():
+            self.css_url = True
+        if name == "path" and self._CURVE.search(element.get("d", "")):
+            self.curved_path = True
+            self.curved_path_with_url |= own_url or inherited_url
+        return own_url or inherited_url
+
+    def curve_bbox_paint(self) -> bool:
+        return self.curved_path_with_url or (
+            self.curved_path and (self.css_url or (self.use and self.any_url))
+        )
 
 
 def _copy_attributes(
@@ -253,6 +299,8 @@ def _copy_attributes(
             features.add("filter")
         elif local.startswith("marker"):
             features.add("marker")
+        elif local == "stroke-dasharray" and value.strip() not in ("", "none"):
+            features.add("dash")
         copy.set(local, value)
     if href is not None and href.strip():
         copy.set("xlink:href", _check_href(href.strip(), name, limits))
@@ -328,6 +376,10 @@ def _css_features(text: str) -> Iterator[str]:
         yield "filter"
     if "marker" in lowered:
         yield "marker"
+    if "dasharray" in lowered:
+        yield "dash"
+    if _CSS_OPACITY_PATTERN.search(lowered):
+        yield "css_opacity"
 
 
 def _preview(text: str, limit: int = 60) -> str:

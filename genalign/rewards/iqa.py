@@ -1,0 +1,380 @@
+"""Image-quality rewards: rating-word expectations from a VLM (Q-Align, Q-Boost) and CLIP-IQA.
+
+**``iqa``: the expected rating of a VLM.** Q-Align (Wu et al., "Q-Align: Teaching LMMs for Visual
+Scoring via Discrete Text-Defined Levels", 2023; inference, from levels to a score): ask "How
+would you rate the quality of this image?", start the answer with "The quality of the image is",
+take the logits x_i of the rating words at the next position and return the expected level::
+
+    score = sum_i softmax(x)_i * v_i,   words (excellent, good, fair, poor, bad), v = (5, 4, 3, 2, 1)
+
+so the score is in [1, 5] (``rescale=True`` maps it to [0, 1]: (score - 1) / 4).
+
+Q-Boost (Zhang et al., "Q-Boost: On Visual Quality Assessment Ability of Low-level Multi-Modality
+Foundation Models", 2023) adds two things, both expressed here as an ensemble:
+
+* *Triadic-tone integration*: instead of the binary positive/negative softmax of Q-Bench (good vs
+  poor), a neutral middle word is added, and the score is the expectation over the three tones,
+  ``softmax(x_good, x_average, x_poor) . (1, 0.5, 0)`` (our reading of the paper; the level words
+  and values are configurable, and a list of level sets is averaged).
+* *Multi-prompt ensemble*: several quality-centric (question, answer prefix) pairs are scored and
+  their expectations averaged.
+
+The reward is the mean over all (prompt, level set) members of their expectations: one forward
+pass per prompt, every level set read from the same logits. Prompts with positive, neutral and
+negative phrasings can be ensembled the same way (pass them as ``prompts``).
+
+Word ids are robust to tokenizer variants (:func:`~genalign.rewards.vlm.resolve_word_ids`): a
+word's probability sums its surface forms' ids ("good", " good"); a word that is never a single
+token is represented by the first token of its forms (Q-Align itself reads the first token of
+each word).
+
+**Uncertainty (Q-Hawkeye).** With ``num_samples = N > 0``, N ratings per image are sampled from
+the rating-word distribution at temperature T (what generating the rating token with sampling
+would give) — one word per ensemble member, averaged like the score — and ``details`` reports
+their mean ``score_mean`` and population variance ``score_var``, plus ``uncertainty_weight``,
+Q-Hawkeye's per-sample scale of the GRPO advantages (:func:`uncertainty_weights`).
+
+**``clip_iqa``.** Wang et al., "Exploring CLIP for Assessing the Look and Feel of Images",
+AAAI 2023 (antonym prompt pairing): with antonym prompts ("Good photo.", "Bad photo."), the
+score is the softmax probability of the positive prompt over the pair, ``s = softmax(t * cos(x,
+p_pos), t * cos(x, p_neg))_0`` with t the CLIP logit scale; several pairs are averaged (as
+IQA-PyTorch's re-implementation does). Differentiable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from genalign.rewards.base import Reward, RewardOutput, register_reward
+from genalign.rewards.clip_models import load_clip_embedder
+from genalign.rewards.vlm import (
+    MULTI_TOKEN_POLICIES,
+    RATING_TEMPLATES,
+    VLMJudge,
+    aggregate_word_logits,
+    resolve_word_ids,
+)
+
+logger = logging.getLogger(__name__)
+
+QALIGN_LEVELS = {"excellent": 5.0, "good": 4.0, "fair": 3.0, "poor": 2.0, "bad": 1.0}
+QALIGN_PROMPTS = (("How would you rate the quality of this image?", "The quality of the image is"),)
+QBOOST_LEVELS = {"good": 1.0, "average": 0.5, "poor": 0.0}
+QBOOST_PROMPTS = (
+    ("Rate the quality of the image.", "The quality of the image is"),
+    ("How would you rate the quality of this image?", "The quality of the image is"),
+    ("Evaluate the visual quality of this image.", "The visual quality of the image is"),
+    ("Judge the clarity and the distortions of this image.", "The clarity of the image is"),
+)
+PRESETS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[Mapping[str, float], ...]]] = {
+    "qalign": (QALIGN_PROMPTS, (QALIGN_LEVELS,)),
+    "qboost": (QBOOST_PROMPTS, (QBOOST_LEVELS,)),
+}
+
+
+# -- Q-Hawkeye -------------------------------------------------------------------------------------
+
+
+def rollout_variance(scores: torch.Tensor) -> torch.Tensor:
+    """Population variance over the last dim, ignoring NaNs (unparsable rollouts); 0 with < 2 valid.
+
+    ``scores``: ``[..., N]`` rollout scores -> ``[...]``.
+    """
+    valid = ~torch.isnan(scores)
+    count = valid.sum(-1)
+    filled = torch.where(valid, scores, torch.zeros_like(scores))
+    mean = filled.sum(-1) / count.clamp(min=1)
+    squares = torch.where(valid, (scores - mean.unsqueeze(-1)) ** 2, torch.zeros_like(scores))
+    variance = squares.sum(-1) / count.clamp(min=1)
+    return torch.where(count > 1, variance, torch.zeros_like(variance))
+
+
+def uncertainty_weights(
+    variance: torch.Tensor, score_min: float = 1.0, score_max: float = 5.0, alpha: float = 0.2
+) -> torch.Tensor:
+    """Q-Hawkeye's uncertainty-aware advantage scale (Xie et al. 2026, uncertainty-aware dynamic
+    optimisation; ``use_ua_grpo`` in the official trainer)::
+
+        u = clip(Var / (0.25 * (score_max - score_min)^2 + 1e-8), 0, 1)
+        w = exp(-alpha * u)                          # in [exp(-alpha), 1]
+        advantages_i <- w_i * advantages_i
+
+    ``Var`` is the population variance of the scores predicted across one image's rollouts
+    (:func:`rollout_variance`), normalised by the largest variance a score in
+    [score_min, score_max] can have; ``alpha`` = 0.2 and the range [1, 5] are the official
+    defaults. Same shape as ``variance``.
+    """
+    if score_max <= score_min:
+        raise ValueError(f"score_max must exceed score_min, got [{score_min}, {score_max}]")
+    max_variance = 0.25 * (score_max - score_min) ** 2 + 1e-8
+    uncertainty = (variance / max_variance).clamp(0.0, 1.0)
+    return torch.exp(-alpha * uncertainty)
+
+
+# -- the VLM rating reward -------------------------------------------------------------------------
+
+
+def rating_expectation(word_logits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Q-Align's levels-to-score conversion: ``softmax(word_logits) @ values``; ``[B, K]`` x ``[K]`` -> ``[B]``."""
+    return torch.softmax(word_logits, dim=-1) @ values
+
+
+def _as_level_sets(levels: Any) -> list[dict[str, float]]:
+    sets = [levels] if isinstance(levels, Mapping) else list(levels)
+    out = []
+    for level_set in sets:
+        if not isinstance(level_set, Mapping) or len(level_set) < 2:
+            raise ValueError(f"each level set must map at least two words to values, got {level_set!r}")
+        out.append({str(word): float(value) for word, value in level_set.items()})
+    return out
+
+
+@register_reward("iqa")
+class VLMQualityReward(Reward):
+    """Expected quality rating of a VLM: Q-Align, Q-Boost (see the module docstring).
+
+    Args:
+        model: VLM hub id / folder (``AutoModelForImageTextToText``) or a built model.
+        processor: hub id / folder (``AutoProcessor``) or a built processor (default: ``model``).
+        preset: "qalign" (one prompt, 5 levels, score in [1, 5]) or "qboost" (4 prompts, the
+            good/average/poor triad, score in [0, 1]); ``prompts`` / ``levels`` override it.
+        prompts: ``(question, answer_prefix)`` pairs, averaged (multi-prompt ensemble).
+        levels: a mapping rating word -> value, or a list of such mappings (averaged).
+        rescale: map each expectation to [0, 1] with its level set's min and max. Needed when
+            level sets of different ranges are ensembled.
+        system_prompt: optional system message.
+        num_samples: N > 0 samples N ratings per image for ``score_mean`` / ``score_var``.
+        sample_temperature: temperature of the rating-word distribution they are drawn from.
+        seed: seed of the sampling generator (None: the global RNG).
+        uncertainty_alpha: Q-Hawkeye's alpha for ``details["uncertainty_weight"]``.
+        rating_templates, multi_token: surface forms of the rating words and the multi-token
+            policy (see :func:`~genalign.rewards.vlm.word_token_ids`).
+        batch_size, pad_to_square, device, dtype, trust_remote_code, **model_kwargs: the VLM.
+        strict: raise on NaN scores.
+
+    Scores ``[B]`` in [min value, max value] of the levels ([0, 1] with ``rescale``).
+    Details: ``member_scores`` ``[B, M]`` (each prompt x level set), and with sampling
+    ``score_mean``, ``score_var``, ``uncertainty_weight`` ``[B]`` and ``samples`` ``[B, N]``.
+    Not differentiable (images go through the processor as 8-bit PIL images).
+    """
+
+    differentiable = False
+
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        processor: str | os.PathLike | Any = None,
+        preset: str = "qalign",
+        prompts: Sequence[tuple[str, str]] | None = None,
+        levels: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
+        rescale: bool = False,
+        system_prompt: str | None = None,
+        num_samples: int = 0,
+        sample_temperature: float = 1.0,
+        seed: int | None = None,
+        uncertainty_alpha: float = 0.2,
+        rating_templates: Sequence[str] = RATING_TEMPLATES,
+        multi_token: str = "fallback",
+        batch_size: int = 8,
+        pad_to_square: bool = False,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        strict: bool = False,
+        **model_kwargs: Any,
+    ) -> None:
+        super().__init__(strict=strict)
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+        if multi_token not in MULTI_TOKEN_POLICIES:
+            raise ValueError(f"multi_token must be one of {MULTI_TOKEN_POLICIES}, got {multi_token!r}")
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        if sample_temperature <= 0:
+            raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
+        preset_prompts, preset_levels = PRESETS[preset]
+        self.prompts = [(str(q), str(a)) for q, a in (prompts if prompts is not None else preset_prompts)]
+        if not self.prompts:
+            raise ValueError("prompts must hold at least one (question, answer_prefix) pair")
+        self.level_sets = _as_level_sets(levels if levels is not None else preset_levels)
+        ranges = {(min(s.values()), max(s.values())) for s in self.level_sets}
+        if any(lo == hi for lo, hi in ranges):
+            raise ValueError(f"a level set has all values equal: {self.level_sets}")
+        if len(ranges) > 1 and not rescale:
+            raise ValueError(
+                f"level sets span different ranges {sorted(ranges)}; pass rescale=True to average them on [0, 1]"
+            )
+        self.rescale = bool(rescale)
+        self.score_range = (0.0, 1.0) if rescale else next(iter(ranges))
+        self.system_prompt = system_prompt
+        self.num_samples = int(num_samples)
+        self.sample_temperature = float(sample_temperature)
+        self.seed = seed
+        self.uncertainty_alpha = float(uncertainty_alpha)
+        self.judge = VLMJudge(
+            model,
+            processor,
+            batch_size=batch_size,
+            pad_to_square=pad_to_square,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            **model_kwargs,
+        )
+        self.word_ids = [
+            resolve_word_ids(self.judge.tokenizer, list(s), rating_templates, multi_token)
+            for s in self.level_sets
+        ]
+        self._values = [torch.tensor(list(s.values()), dtype=torch.float32) for s in self.level_sets]
+
+    def chats(self) -> list[tuple[list[dict], str]]:
+        """One ``(messages, assistant_prefix)`` per prompt (the same for every image)."""
+        out = []
+        for question, prefix in self.prompts:
+            messages = [self.judge.message("system", self.system_prompt)] if self.system_prompt else []
+            messages.append(self.judge.message("user", question, images=1))
+            out.append((messages, prefix))
+        return out
+
+    def _scaled(self, values: torch.Tensor, level_index: int) -> torch.Tensor:
+        if not self.rescale:
+            return values
+        level_values = self._values[level_index]
+        lo, hi = float(level_values.min()), float(level_values.max())
+        return (values - lo) / (hi - lo)
+
+    def member_word_logits(self, images: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """``(level set index, [B, K] word logits)`` for every (prompt, level set) member."""
+        members = []
+        image_lists = [[image] for image in images]
+        for messages, prefix in self.chats():
+            text = self.judge.render(messages, prefix)
+            logits = self.judge.next_token_logits([text] * len(image_lists), image_lists)  # (B, V)
+            for index, ids in enumerate(self.word_ids):
+                members.append((index, aggregate_word_logits(logits, ids)))
+        return members
+
+    def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
+        members = self.member_word_logits(images)
+        expectations = []
+        for index, word_logits in members:
+            values = self._values[index].to(word_logits.device)
+            expectations.append(self._scaled(rating_expectation(word_logits, values), index))  # (B,)
+        member_scores = torch.stack(expectations, dim=-1)  # (B, M)
+        details: dict[str, Any] = {"member_scores": member_scores}
+        if self.num_samples:
+            samples = self.sample_ratings(members)  # (B, N)
+            variance = samples.var(dim=-1, unbiased=False)
+            details.update(
+                score_mean=samples.mean(dim=-1),
+                score_var=variance,
+                uncertainty_weight=uncertainty_weights(
+                    variance, *self.score_range, alpha=self.uncertainty_alpha
+                ),
+                samples=samples,
+            )
+        return RewardOutput(member_scores.mean(dim=-1), details)
+
+    def sample_ratings(self, members: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """``[B, N]`` sampled scores: per sample, one rating word drawn from each member's
+        ``softmax(word_logits / T)``, its value (rescaled if asked), averaged over members — so
+        the expectation of a sample is the score at T = 1."""
+        generator = None
+        if self.seed is not None:
+            generator = torch.Generator().manual_seed(self.seed)
+        draws = []
+        for index, word_logits in members:
+            probs = torch.softmax(word_logits.float().cpu() / self.sample_temperature, dim=-1)  # (B, K)
+            picks = torch.multinomial(
+                probs, self.num_samples, replacement=True, generator=generator
+            )  # (B, N)
+            draws.append(self._scaled(self._values[index][picks], index))
+        return torch.stack(draws, dim=0).mean(dim=0).to(members[0][1].device)
+
+    def extra_repr(self) -> str:
+        words = [list(s) for s in self.level_sets]
+        return f"prompts={len(self.prompts)}, levels={words}, rescale={self.rescale}, num_samples={self.num_samples}"
+
+
+# -- CLIP-IQA --------------------------------------------------------------------------------------
+
+CLIP_IQA_PAIRS = (("Good photo.", "Bad photo."),)
+# IQA-PyTorch's ensemble for its re-implementation of CLIP-IQA
+CLIP_IQA_ENSEMBLE_PAIRS = (
+    ("Good photo.", "Bad photo."),
+    ("High quality.", "Low quality."),
+    ("Sharp photo.", "Blurry photo."),
+)
+CLIP_IQA_DEFAULT_MODELS = {"open_clip": "RN50", "transformers": "openai/clip-vit-base-patch32"}
+
+
+@register_reward("clip_iqa")
+class ClipIQAReward(Reward):
+    """CLIP-IQA (Wang et al., AAAI 2023): P(positive prompt) over antonym prompt pairs.
+
+    Args:
+        backend: "open_clip" or "transformers".
+        model: CLIP model (open_clip name or transformers hub id / folder); default the paper's
+            RN50 (open_clip) or ``openai/clip-vit-base-patch32`` (transformers).
+        pretrained, model_config, processor: as for :class:`~genalign.rewards.clip_score.ClipScoreReward`.
+        prompt_pairs: ``(positive, negative)`` prompts, averaged; default ("Good photo.", "Bad photo.").
+        logit_scale: temperature t multiplying the cosines; default the model's own (100 for
+            OpenAI CLIP).
+        device, dtype: where and in which precision the CLIP model runs.
+        strict: raise on NaN scores.
+
+    Scores ``[B]`` in [0, 1]; ``details["pair_probs"]`` ``[B, P]``. Differentiable w.r.t. the
+    images. Images are resized and cropped to the model's input size by the shared tensor
+    preprocessing (the official RN50 variant instead drops the attention-pool positional
+    embedding to take images at any size).
+    """
+
+    differentiable = True
+
+    def __init__(
+        self,
+        backend: str = "open_clip",
+        model: str | os.PathLike | torch.nn.Module | None = None,
+        pretrained: str | os.PathLike | None = "openai",
+        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
+        processor: str | os.PathLike | Any = None,
+        prompt_pairs: Sequence[tuple[str, str]] = CLIP_IQA_PAIRS,
+        logit_scale: float | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        strict: bool = False,
+        **backend_kwargs: Any,
+    ) -> None:
+        super().__init__(strict=strict)
+        pairs = [tuple(pair) for pair in prompt_pairs]
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"prompt_pairs must be (positive, negative) pairs, got {prompt_pairs!r}")
+        if model is None:
+            model = CLIP_IQA_DEFAULT_MODELS.get(backend, "RN50")
+        if backend == "open_clip":
+            backend_kwargs.update(pretrained=pretrained, model_config=model_config)
+        elif processor is not None:
+            backend_kwargs.update(processor=processor)
+        self.embedder = load_clip_embedder(backend, model=model, device=device, dtype=dtype, **backend_kwargs)
+        self.prompt_pairs = pairs
+        self.fixed_logit_scale = logit_scale
+
+    def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
+        texts = [text for pair in self.prompt_pairs for text in pair]  # (2P,) positive, negative, ...
+        image_features = F.normalize(self.embedder.encode_images(images), dim=-1)  # (B, D)
+        text_features = F.normalize(self.embedder.encode_texts(texts), dim=-1)  # (2P, D)
+        scale = self.fixed_logit_scale
+        scale = self.embedder.logit_scale() if scale is None else torch.tensor(float(scale))
+        logits = scale.to(image_features.device) * image_features @ text_features.T  # (B, 2P)
+        # Wang et al. 2023: softmax over each antonym pair, probability of the positive prompt
+        pair_probs = logits.view(logits.shape[0], -1, 2).softmax(dim=-1)[..., 0]  # (B, P)
+        return RewardOutput(pair_probs.mean(dim=-1), {"pair_probs": pair_probs.detach()})
+
+    def extra_repr(self) -> str:
+        return f"prompt_pairs={self.prompt_pairs}, logit_scale={self.fixed_logit_scale}"
