@@ -13,6 +13,9 @@ name                       what                                                 
 ``jpeg_incompressibility`` +JPEG size in kB (DDPO)                                     no
 ``ensemble``               weighted, optionally normalised sum of members              if all
 ``svg_fidelity``           RLRF rendering reward on SVG text (Rodriguez et al. 2025)   no
+``vlm_yes``                P("yes") from a VLM: VQAScore / RewardDance (comparative)   no
+``iqa``                    VLM expected rating: Q-Align, Q-Boost; Q-Hawkeye variance   no
+``clip_iqa``               CLIP-IQA antonym prompts (Wang et al. 2023)                 yes
 =========================  ==========================================================  =====
 """
 
@@ -30,13 +33,24 @@ from genalign.rewards.clip_models import (
 from genalign.rewards.clip_score import ClipScoreReward
 from genalign.rewards.ensemble import EnsembleReward
 from genalign.rewards.hps import HPSv2Reward
+from genalign.rewards.iqa import ClipIQAReward, VLMQualityReward, rollout_variance, uncertainty_weights
 from genalign.rewards.jpeg import JpegCompressibilityReward, JpegIncompressibilityReward
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
+from genalign.rewards.vlm import VLMJudge, load_vlm, resolve_word_ids
+from genalign.rewards.vlm_yes import VLMYesReward
 
 __all__ = [
     "REWARDS",
+    "ClipIQAReward",
+    "VLMJudge",
+    "VLMQualityReward",
+    "VLMYesReward",
+    "load_vlm",
+    "resolve_word_ids",
+    "rollout_variance",
+    "uncertainty_weights",
     "AestheticMLP",
     "AestheticReward",
     "ClipEmbedder",

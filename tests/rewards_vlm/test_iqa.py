@@ -1,0 +1,181 @@
+"""``iqa`` (Q-Align, Q-Boost, sampled ratings) and the Q-Hawkeye weights against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from genalign.rewards import load_reward
+from genalign.rewards.iqa import (
+    QBOOST_PROMPTS,
+    VLMQualityReward,
+    rollout_variance,
+    uncertainty_weights,
+)
+from genalign.tiny.language import llava_vlm
+
+from . import chat_text, last_logits, token_ids, uint8_images
+
+QALIGN_QUESTION = "How would you rate the quality of this image?"
+QALIGN_PREFIX = "The quality of the image is"
+# How the tiny BPE spells the rating words' forms ("w" and " w"): a word with a single-token form
+# uses those; a word that is never one token uses the first piece of each form.
+QALIGN_PIECES = {
+    "excellent": (["ex", "Ġex"], 5.0),  # ex+cellent, Ġex+cellent
+    "good": (["Ġgood"], 4.0),  # g+ood is split, " good" is one token
+    "fair": (["fair", "Ġfair"], 3.0),
+    "poor": (["p", "Ġpoo"], 2.0),  # p+oo+r, Ġpoo+r
+    "bad": (["Ġbad"], 1.0),  # b+ad is split
+}
+QBOOST_PIECES = {"good": (["Ġgood"], 1.0), "average": (["a", "Ġa"], 0.5), "poor": (["p", "Ġpoo"], 0.0)}
+
+
+@pytest.fixture(scope="module")
+def tiny_llava():
+    return llava_vlm(seed=0)
+
+
+@pytest.fixture
+def images():
+    return uint8_images(3, 40, 48, seed=1)
+
+
+def expected_rating(tiny_llava, image, question, prefix, pieces) -> torch.Tensor:
+    """sum_w P(w) v_w / sum_w P(w), P(w) = summed softmax probability of the word's tokens."""
+    model, processor = tiny_llava
+    probs = torch.softmax(
+        last_logits(
+            model, processor, chat_text(("user", "<image>" + question), generation_prompt=prefix), [image]
+        ),
+        -1,
+    )
+    word_probs = torch.stack([probs[token_ids(processor.tokenizer, ids)].sum() for ids, _ in pieces.values()])
+    values = torch.tensor([value for _, value in pieces.values()])
+    return (word_probs / word_probs.sum()) @ values
+
+
+def test_qalign_equals_independent_computation(tiny_llava, images):
+    reward = VLMQualityReward(*tiny_llava)
+    out = reward(images, None)
+    expected = torch.stack(
+        [
+            expected_rating(tiny_llava, image, QALIGN_QUESTION, QALIGN_PREFIX, QALIGN_PIECES)
+            for image in images
+        ]
+    )
+    torch.testing.assert_close(out.scores, expected, atol=1e-5, rtol=0)
+    assert ((out.scores >= 1) & (out.scores <= 5)).all()
+    rescaled = VLMQualityReward(*tiny_llava, rescale=True)(images, None).scores
+    torch.testing.assert_close(rescaled, (expected - 1) / 4, atol=1e-6, rtol=0)
+
+
+def test_qboost_averages_the_triadic_expectation_over_prompts(tiny_llava, images):
+    out = VLMQualityReward(*tiny_llava, preset="qboost")(images, None)
+    members = torch.stack(
+        [
+            torch.stack(
+                [
+                    expected_rating(tiny_llava, image, question, prefix, QBOOST_PIECES)
+                    for question, prefix in QBOOST_PROMPTS
+                ]
+            )
+            for image in images
+        ]
+    )  # (B, 4)
+    torch.testing.assert_close(out.details["member_scores"], members, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.scores, members.mean(-1), atol=1e-6, rtol=0)
+
+
+def test_level_sets_of_different_ranges_need_rescale(tiny_llava, images):
+    levels = [{"good": 1.0, "poor": 0.0}, {"excellent": 5.0, "bad": 1.0}]
+    with pytest.raises(ValueError, match="rescale"):
+        VLMQualityReward(*tiny_llava, levels=levels)
+    prompts = [("Rate it.", "It is")]
+    out = VLMQualityReward(*tiny_llava, prompts=prompts, levels=levels, rescale=True)(images, None)
+    pieces = [
+        {"good": (["Ġgood"], 1.0), "poor": (["p", "Ġpoo"], 0.0)},
+        {"excellent": (["ex", "Ġex"], 1.0), "bad": (["Ġbad"], 0.0)},
+    ]
+    for i, image in enumerate(images):
+        members = torch.stack([expected_rating(tiny_llava, image, "Rate it.", "It is", p) for p in pieces])
+        torch.testing.assert_close(out.details["member_scores"][i], members, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.scores, out.details["member_scores"].mean(-1))
+
+
+def test_batch_equals_single_and_system_prompt(tiny_llava, images):
+    reward = VLMQualityReward(*tiny_llava, batch_size=2, system_prompt="You rate image quality.")
+    batched = reward(images, None).scores
+    single = torch.cat([reward(images[i : i + 1], None).scores for i in range(3)])
+    torch.testing.assert_close(batched, single, atol=1e-6, rtol=0)
+    model, processor = tiny_llava
+    text = chat_text(
+        ("system", "You rate image quality."),
+        ("user", "<image>" + QALIGN_QUESTION),
+        generation_prompt=QALIGN_PREFIX,
+    )
+    probs = torch.softmax(last_logits(model, processor, text, [images[0]]), -1)
+    word_probs = torch.stack(
+        [probs[token_ids(processor.tokenizer, ids)].sum() for ids, _ in QALIGN_PIECES.values()]
+    )
+    expected = (word_probs / word_probs.sum()) @ torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    torch.testing.assert_close(batched[0], expected, atol=1e-5, rtol=0)
+
+
+def test_sampled_ratings_mean_variance_and_weights(tiny_llava, images):
+    reward = VLMQualityReward(*tiny_llava, num_samples=4000, seed=0)
+    out = reward(images, None)
+    samples = out.details["samples"]  # (B, N)
+    assert samples.shape == (3, 4000)
+    assert set(samples.unique().tolist()) <= {1.0, 2.0, 3.0, 4.0, 5.0}
+    torch.testing.assert_close(out.details["score_mean"], samples.mean(-1))
+    torch.testing.assert_close(out.details["score_var"], samples.var(-1, unbiased=False))
+    torch.testing.assert_close(
+        out.details["uncertainty_weight"], torch.exp(-0.2 * out.details["score_var"] / 4.0)
+    )
+    # samples are drawn from the rating distribution: their mean estimates the expectation
+    standard_error = out.details["score_var"].sqrt() / math.sqrt(4000)
+    assert ((out.details["score_mean"] - out.scores).abs() < 4 * standard_error + 1e-6).all()
+    again = VLMQualityReward(*tiny_llava, num_samples=4000, seed=0)(images, None)
+    torch.testing.assert_close(again.details["samples"], samples)
+    cold = VLMQualityReward(*tiny_llava, num_samples=16, sample_temperature=1e-4, seed=0)(images, None)
+    assert (cold.details["score_var"] == 0).all() and (cold.details["uncertainty_weight"] == 1).all()
+
+
+def test_uncertainty_weights_formula():
+    variance = torch.tensor([0.0, 1.0, 4.0, 9.0])  # on [1, 5] the largest possible variance is 4
+    expected = torch.exp(-0.2 * torch.tensor([0.0, 0.25, 1.0, 1.0]))
+    torch.testing.assert_close(uncertainty_weights(variance), expected)
+    torch.testing.assert_close(
+        uncertainty_weights(torch.tensor([0.0625]), score_min=0.0, score_max=1.0, alpha=1.0),
+        torch.exp(torch.tensor([-0.25])),
+    )
+    with pytest.raises(ValueError, match="score_max"):
+        uncertainty_weights(variance, score_min=2.0, score_max=2.0)
+
+
+def test_rollout_variance_ignores_unparsed_rollouts():
+    scores = torch.tensor([[1.0, 3.0, float("nan")], [2.0, float("nan"), float("nan")], [1.0, 2.0, 3.0]])
+    torch.testing.assert_close(rollout_variance(scores), torch.tensor([1.0, 0.0, 2.0 / 3.0]))
+
+
+def test_loading_from_a_saved_folder(tiny_llava, images, tmp_path):
+    llava_vlm(seed=0, save_to=tmp_path)
+    torch.testing.assert_close(
+        load_reward("iqa", model=str(tmp_path))(images, None).scores,
+        VLMQualityReward(*tiny_llava)(images, None).scores,
+    )
+
+
+def test_bad_arguments(tiny_llava):
+    for bad, match in [
+        ({"preset": "qinstruct"}, "preset"),
+        ({"num_samples": -1}, "num_samples"),
+        ({"sample_temperature": 0.0}, "sample_temperature"),
+        ({"levels": {"good": 1.0}}, "two words"),
+        ({"levels": {"good": 1.0, "bad": 1.0}}, "equal"),
+        ({"prompts": []}, "prompts"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            VLMQualityReward(*tiny_llava, **bad)
