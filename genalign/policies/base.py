@@ -215,11 +215,17 @@ class DiffusionPolicy(torch.nn.Module):
         if dtype is not None:
             pipeline_kwargs.setdefault("torch_dtype", dtype)
         pipeline = cls.load_pipeline(path, **pipeline_kwargs)
-        return cls(pipeline, lora=lora, train=train, device=device, dtype=dtype)
+        return cls.for_pipeline(pipeline)(pipeline, lora=lora, train=train, device=device, dtype=dtype)
 
     @classmethod
     def from_pipe(cls, pipeline: Any, **kwargs: Any) -> DiffusionPolicy:
-        return cls(pipeline, **kwargs)
+        """Wrap an already loaded pipeline (its modules are shared, not copied)."""
+        return cls.for_pipeline(pipeline)(pipeline, **kwargs)
+
+    @classmethod
+    def for_pipeline(cls, pipeline: Any) -> type[DiffusionPolicy]:
+        """The policy class for ``pipeline``: this one, unless a family has one per architecture."""
+        return cls
 
     # ---- family hooks --------------------------------------------------------------------------
     @property

@@ -12,13 +12,12 @@ and decoding; :meth:`FlowPolicy.from_pretrained` picks it from the loaded pipeli
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from genalign.policies.base import DiffusionPolicy, LoraSpec
+from genalign.policies.base import DiffusionPolicy
 from genalign.policies.trajectory import RolloutSettings
 from genalign.sampling import StepOutput, flow_sde_step
 
@@ -48,28 +47,7 @@ class FlowPolicy(DiffusionPolicy):
         self.pipeline.transformer = module
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        lora: LoraSpec | dict | None = None,
-        train: bool = True,
-        dtype: torch.dtype | str | None = None,
-        device: str | torch.device | None = None,
-        **pipeline_kwargs: Any,
-    ) -> FlowPolicy:
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        if dtype is not None:
-            pipeline_kwargs.setdefault("torch_dtype", dtype)
-        pipeline = cls.load_pipeline(path, **pipeline_kwargs)
-        return cls.for_pipeline(pipeline)(pipeline, lora=lora, train=train, device=device, dtype=dtype)
-
-    @classmethod
-    def from_pipe(cls, pipeline: Any, **kwargs: Any) -> FlowPolicy:
-        return cls.for_pipeline(pipeline)(pipeline, **kwargs)
-
-    @staticmethod
-    def for_pipeline(pipeline: Any) -> type[FlowPolicy]:
+    def for_pipeline(cls, pipeline: Any) -> type[FlowPolicy]:
         for klass in type(pipeline).__mro__:
             if klass.__name__ in FLOW_ARCHITECTURES:
                 return FLOW_ARCHITECTURES[klass.__name__]
