@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # Pipeline classes (as written in a model folder's model_index.json) and their policy family.
 PIPELINE_FAMILIES = {
@@ -109,6 +110,119 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_reward(args: argparse.Namespace) -> int:
+    from genalign.rewards.evaluation.data import load_eval_dataset, parse_columns
+    from genalign.rewards.evaluation.run import EvalConfig, evaluate_rewards, parse_reward_specs
+
+    dataset = load_eval_dataset(
+        args.data,
+        args.task,
+        columns=parse_columns(args.columns),
+        preset=args.preset,
+        split=args.split,
+        image_root=args.image_root,
+    )
+    specs = parse_reward_specs(args.reward, args.reward_arg)
+    config = EvalConfig(
+        batch_size=args.batch_size,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        image_size=args.image_size,
+        tie_threshold=args.tie_threshold,
+        temperature=args.temperature,
+        progress=not args.no_progress,
+    )
+    summary = evaluate_rewards(dataset, specs, args.out, config)
+    print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
+    failed = sum(entry["n_failed"] for entry in summary["rewards"].values())
+    if failed:
+        print(f"warning: {failed} (reward, sample) scores failed; see report.md", file=sys.stderr)
+    print(f"wrote scores.jsonl, summary.json, report.md and plots to {args.out}")
+    return 0
+
+
+def _reward_spec(rewards: Sequence[str], reward_args: Sequence[str]) -> dict[str, tuple[float, dict]]:
+    """``--reward NAME=WEIGHT`` and ``--reward-arg NAME.key=value`` -> ``{name: (weight, kwargs)}``."""
+    import yaml
+
+    spec: dict[str, tuple[float, dict]] = {}
+    for item in rewards:
+        name, _, weight = item.partition("=")
+        spec[name.strip()] = (float(weight) if weight else 1.0, {})
+    for item in reward_args:
+        key, _, value = item.partition("=")
+        name, _, option = key.partition(".")
+        if name not in spec or not option or not _:
+            raise ValueError(f"--reward-arg {item!r}: expected NAME.key=value for a NAME given with --reward")
+        spec[name][1][option] = yaml.safe_load(value)
+    return spec
+
+
+def cmd_reno(args: argparse.Namespace) -> int:
+    import torch
+
+    from genalign.pipelines import RENO_REWARD_WEIGHTS, ReNOPipeline
+    from genalign.tiny.materialize import materialize
+    from genalign.utils.images import save_images
+
+    pipe = ReNOPipeline.from_pretrained(materialize(args.model)).to(args.device)
+    pipe.set_progress_bar_config(disable=True)
+    if args.gradient_checkpointing:
+        pipe.enable_gradient_checkpointing()
+    rewards = _reward_spec(args.reward, args.reward_arg) if args.reward else None
+    out = pipe(
+        args.prompt,
+        rewards=rewards,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance_scale,
+        generator=torch.Generator(args.device).manual_seed(args.seed),
+        num_iterations=args.iterations,
+        learning_rate=args.lr,
+        regularization_weight=args.reg_weight,
+        max_grad_norm=args.grad_clip if args.grad_clip > 0 else None,
+        optimizer=args.optimizer,
+        output_type="pt",
+    )
+    paths = save_images(out.images, args.out)
+    history = out.rewards_history
+    print(f"rewards: {', '.join(rewards or RENO_REWARD_WEIGHTS)}")
+    for i, prompt in enumerate(args.prompt):
+        print(
+            f"{prompt!r}: reward {history[0, i]:.4f} -> best {history[:, i].max():.4f} "
+            f"(iteration {int(out.best_iteration[i])} of {len(history)})"
+        )
+    print(f"wrote {len(paths) - 1} images and a grid to {args.out}")
+    return 0
+
+
+def cmd_rlg(args: argparse.Namespace) -> int:
+    import torch
+
+    from genalign.pipelines import RLGPipeline
+    from genalign.tiny.materialize import materialize
+    from genalign.utils.images import save_images
+
+    pipe = RLGPipeline.from_pretrained(materialize(args.base)).to(args.device)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(args.rl_lora, adapter_name="rl")
+    kwargs = {"num_inference_steps": args.steps} if args.steps else {}
+    if args.guidance_scale is not None:
+        kwargs["guidance_scale"] = args.guidance_scale
+    out = pipe(
+        args.prompt,
+        rlg_scale=args.rlg_scale,
+        num_images_per_prompt=args.num_images,
+        generator=torch.Generator(args.device).manual_seed(args.seed),
+        height=args.height,
+        width=args.width,
+        output_type="pt",
+        **kwargs,
+    )
+    paths = save_images(out.images, args.out)
+    print(f"wrote {len(paths) - 1} images (rlg_scale={args.rlg_scale}) and a grid to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genalign", description="Align image, SVG and video generators with reward models."
@@ -141,6 +255,91 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.add_argument("--dtype", default=None, help="e.g. float16, bfloat16")
     p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser(
+        "eval-reward",
+        help="evaluate reward models against human preferences, rankings or MOS",
+        description="Score a human-judgement data set with rewards and report agreement "
+        "(preference accuracy under tie policies, HPS v2 inversion score, SRCC/KRCC/PLCC) "
+        "with bootstrap intervals. Layouts and presets: genalign/rewards/evaluation/data.py.",
+    )
+    p.add_argument(
+        "--reward", action="append", required=True, help="reward name(s), comma-separated or repeated"
+    )
+    p.add_argument(
+        "--reward-arg",
+        action="append",
+        default=[],
+        help="reward keyword k=v (YAML value) for every reward, or NAME.k=v for one reward",
+    )
+    p.add_argument(
+        "--data", required=True, help="JSONL / JSON / CSV / Parquet file or a saved datasets folder"
+    )
+    p.add_argument("--task", required=True, choices=["preference", "ranking", "mos"])
+    p.add_argument("--out", required=True, help="output folder (cache/ inside it makes runs resumable)")
+    p.add_argument(
+        "--columns",
+        action="append",
+        default=[],
+        help="name=column mappings, e.g. prompt=caption,image_0=jpg_0",
+    )
+    p.add_argument("--preset", default=None, help="pickapic | hpdv2 | imagereward | imagereward-db | koniq")
+    p.add_argument("--split", default=None, help="split of a datasets folder holding several")
+    p.add_argument(
+        "--image-root", default=None, help="folder for relative image paths (default: the data file's)"
+    )
+    p.add_argument("--batch-size", type=int, default=16, help="images per reward call")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (0: no intervals)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=None, help="resize images to this square side")
+    p.add_argument(
+        "--tie-threshold", type=float, default=None, help="fixed PickScore tie threshold (default: tuned)"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="softmax temperature for PickScore probabilities"
+    )
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_eval_reward)
+
+    p = sub.add_parser("reno", help="ReNO: optimise the initial noise of a one-step model for rewards")
+    p.add_argument("model", help="hub id, local diffusers folder (LCM / sd-turbo layout) or tiny:lcm")
+    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
+    p.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        help="NAME=WEIGHT, repeated (default: the paper's hpsv2=5 pickscore=0.05 clip=0.01 ensemble)",
+    )
+    p.add_argument(
+        "--reward-arg", action="append", default=[], help="NAME.key=value (YAML value) for one reward"
+    )
+    p.add_argument("--iterations", type=int, default=50)
+    p.add_argument("--lr", type=float, default=5.0)
+    p.add_argument("--reg-weight", type=float, default=0.01, help="lambda of the noise-norm regulariser")
+    p.add_argument("--grad-clip", type=float, default=0.1, help="gradient-norm clip (<= 0 disables)")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    p.add_argument("--steps", type=int, default=1, help="denoising steps of the generator")
+    p.add_argument("--guidance-scale", type=float, default=0.0)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.set_defaults(func=cmd_reno)
+
+    p = sub.add_parser("rlg", help="RLG: sample mixing a base model and its RL-tuned LoRA")
+    p.add_argument("base", help="hub id, local diffusers folder (SD or SD3) or tiny:sd / tiny:sd3")
+    p.add_argument("--rl-lora", required=True, help="the RL-tuned LoRA (file or folder, diffusers format)")
+    p.add_argument("--rlg-scale", type=float, default=1.0, help="w: 0 base, 1 RL-tuned, > 1 extrapolate")
+    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
+    p.add_argument("--num-images", type=int, default=1, help="images per prompt")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (pipeline default if omitted)")
+    p.add_argument("--guidance-scale", type=float, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.set_defaults(func=cmd_rlg)
     return parser
 
 

@@ -1,0 +1,149 @@
+"""ReNO (Eyring et al., NeurIPS 2024) on the tiny LCM with a tiny differentiable CLIP reward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from genalign.pipelines import ReNOPipeline, build_reward_ensemble, norm_regularizer
+from genalign.rewards import load_reward
+from genalign.tiny.clip import clip_model
+from genalign.tiny.diffusion import lcm_pipeline, sd_pipeline
+
+PROMPT = "a red circle"
+
+
+@pytest.fixture(scope="module")
+def clip_reward(tmp_path_factory):
+    """CLIP cosine from a tiny transformers CLIP at 32 px (the tiny LCM's resolution)."""
+    folder = tmp_path_factory.mktemp("tiny_clip")
+    clip_model(seed=0, save_to=folder)
+    return load_reward("clip", backend="transformers", model=str(folder), convention="cosine")
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return ReNOPipeline.from_pipe(lcm_pipeline(seed=0))
+
+
+def _run(pipe, rewards, **kwargs):
+    kwargs.setdefault("guidance_scale", 1.5)
+    return pipe(
+        PROMPT, rewards=rewards, generator=torch.Generator().manual_seed(0), output_type="pt", **kwargs
+    )
+
+
+def test_reward_rises_over_iterations(pipe, clip_reward):
+    out = _run(pipe, [(clip_reward, 2.0)], num_iterations=6)
+    history = out.rewards_history[:, 0]  # (iterations,)
+    assert history.shape == (6,)
+    assert (history[1:] > history[:-1]).sum() >= 4, history  # mostly increasing
+    assert history[-1] > history[0]
+    best = int(out.best_iteration[0])
+    assert history[best] == history.max() >= history[0]
+    # the returned image scores what the history says (2 x the CLIP cosine)
+    rescored = 2.0 * clip_reward(out.images, [PROMPT]).scores
+    torch.testing.assert_close(rescored, history[best : best + 1], atol=1e-5, rtol=0)
+    assert out.latents.shape == (1, 4, 8, 8)
+
+
+def test_best_iteration_is_returned_not_the_last(pipe, clip_reward):
+    seen: list[torch.Tensor] = []
+    initial: list[torch.Tensor] = []
+
+    def record_and_reset(pipeline, iteration, num_iterations, tensors):
+        seen.append(tensors["images"].clone())
+        if iteration == 0:
+            initial.append(tensors["latents"].detach().clone())  # already stepped once: z_1
+        # after iteration 2, send the noise back to z_1: the last iterates fall below the best
+        return {"latents": initial[0]} if iteration == 2 else {}
+
+    out = _run(pipe, [clip_reward], num_iterations=4, callback_on_step_end=record_and_reset)
+    history = out.rewards_history[:, 0]
+    best = int(out.best_iteration[0])
+    assert len(seen) == 4
+    assert history[-1] < history[2] and best == 2, history
+    torch.testing.assert_close(out.images, seen[best], atol=0, rtol=0)
+    # the returned noise regenerates the returned image
+    again = _run(pipe, [clip_reward], num_iterations=1, latents=out.latents)
+    torch.testing.assert_close(again.images, out.images, atol=1e-6, rtol=0)
+
+
+def test_regularizer_matches_closed_form():
+    z = torch.tensor([[3.0, 4.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], requires_grad=True)  # norms 5, 2
+    d, lam = 4, 0.01
+    value = norm_regularizer(z, weight=lam)
+    expected = torch.tensor([lam * (25 / 2 - 3 * math.log(5.0)), lam * (4 / 2 - 3 * math.log(2.0))])
+    torch.testing.assert_close(value, expected)
+    (grad,) = torch.autograd.grad(value.sum(), z)
+    norms_sq = torch.tensor([[25.0], [4.0]])
+    torch.testing.assert_close(grad, lam * z.detach() * (1 - (d - 1) / norms_sq))
+    # stationary on the chi mode ||z|| = sqrt(d - 1)
+    mode = (torch.ones(1, d) * math.sqrt((d - 1) / d)).requires_grad_(True)
+    (grad,) = torch.autograd.grad(norm_regularizer(mode).sum(), mode)
+    torch.testing.assert_close(grad, torch.zeros_like(grad), atol=1e-7, rtol=0)
+
+
+def test_non_differentiable_reward_is_refused(pipe):
+    with pytest.raises(ValueError, match="not differentiable"):
+        _run(pipe, {"jpeg_compressibility": 1.0}, num_iterations=2)
+    with pytest.raises(ValueError, match="not differentiable"):
+        build_reward_ensemble([load_reward("jpeg_compressibility")])
+
+
+def test_ensemble_weights(clip_reward):
+    ensemble = build_reward_ensemble([(clip_reward, 5.0), (clip_reward, 0.01)])
+    images = torch.rand(2, 3, 32, 32)
+    expected = 5.01 * clip_reward(images, ["a", "b"]).scores
+    torch.testing.assert_close(ensemble(images, ["a", "b"]).scores, expected)
+
+
+def test_from_pretrained_adam_checkpointing_and_tuple(tmp_path, clip_reward):
+    lcm_pipeline(seed=0, save_to=tmp_path / "lcm")
+    pipe = ReNOPipeline.from_pretrained(str(tmp_path / "lcm"))
+    plain = _run(pipe, [clip_reward], num_iterations=2, optimizer="adam", learning_rate=0.05)
+    pipe.enable_gradient_checkpointing()
+    images, history, best_iteration, latents = _run(
+        pipe, [clip_reward], num_iterations=2, optimizer="adam", learning_rate=0.05, return_dict=False
+    )
+    pipe.disable_gradient_checkpointing()
+    torch.testing.assert_close(history, plain.rewards_history, atol=1e-5, rtol=0)
+    assert images.shape == (1, 3, 32, 32) and 0 <= images.min() and images.max() <= 1
+
+
+@pytest.mark.parametrize(
+    "name, build, kwargs",
+    [
+        ("lcm-1", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 1, "guidance_scale": 1.5}),
+        ("lcm-2", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 2, "guidance_scale": 8.5}),
+        (
+            "turbo",
+            lambda: sd_pipeline(seed=0, scheduler="euler"),
+            {"num_inference_steps": 1, "guidance_scale": 0.0},
+        ),
+        (
+            "sd-cfg",
+            lambda: sd_pipeline(seed=0, scheduler="ddim"),
+            {"num_inference_steps": 2, "guidance_scale": 3.0},
+        ),
+    ],
+)
+def test_first_iteration_is_the_wrapped_pipeline(name, build, kwargs, clip_reward):
+    """Iteration 0 generates exactly what the wrapped diffusers pipeline does from the same noise."""
+    base = build()
+    noise = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    expected = base(
+        PROMPT, latents=noise, generator=torch.Generator().manual_seed(0), output_type="pt", **kwargs
+    ).images
+    out = ReNOPipeline.from_pipe(base)(
+        PROMPT,
+        rewards=[clip_reward],
+        latents=noise,
+        num_iterations=1,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+        **kwargs,
+    )
+    torch.testing.assert_close(out.images, expected, atol=1e-5, rtol=0)
