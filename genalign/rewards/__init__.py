@@ -16,11 +16,15 @@ name                       what                                                 
 ``vlm_yes``                P("yes") from a VLM: VQAScore / RewardDance (comparative)   no
 ``iqa``                    VLM expected rating: Q-Align, Q-Boost; Q-Hawkeye variance   no
 ``clip_iqa``               CLIP-IQA antonym prompts (Wang et al. 2023)                 yes
+``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 =========================  ==========================================================  =====
 """
 
 from __future__ import annotations
 
+# Registers `shapes_eval`. A plain module import, because genalign.toy.shapes_eval imports
+# genalign.rewards.base and may be the module that started this package's import.
+import genalign.toy.shapes_eval  # noqa: E402, F401
 from genalign.rewards.aesthetic import AestheticMLP, AestheticReward
 from genalign.rewards.base import REWARDS, Reward, RewardOutput, list_rewards, load_reward, register_reward
 from genalign.rewards.clip_models import (

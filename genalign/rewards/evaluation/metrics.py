@@ -1,0 +1,252 @@
+"""Agreement metrics between reward scores and human judgements, with bootstrap intervals.
+
+Preference (pairs; ``label`` = 0 image_0 wins, 1 image_1 wins, 0.5 tie), three tie policies:
+
+- ``pickscore`` (Kirstain et al., "Pick-a-Pic", NeurIPS 2023, Sec. 5 and their
+  ``eval_preference_predictor.py``): the two scores become probabilities
+  ``p = softmax([s0, s1] / temperature)`` (PickScore's scores are already multiplied by CLIP's
+  logit scale, so temperature 1 reproduces it); a tie is predicted when ``|p1 - p0| <= t``; credit is
+  1 when prediction equals label, 0.5 when exactly one of them is a tie, else 0. ``t`` is chosen
+  from ``{0, 0.1, ..., 1}`` by accuracy on a validation split (first best), then applied to the test split.
+- ``skip-ties``: human ties are dropped; a strictly higher score on the winner scores 1, the
+  loser 0, exactly equal scores 0.5 (a coin flip's expectation).
+- ``strict``: every pair counts; a human tie is right only when the scores are exactly equal, a
+  decided pair only when the winner scores strictly higher.
+
+Ranking (HPS v2, Wu et al. 2023, ``evaluate_rank``): per prompt, scores become ranks (stable
+sort, higher score = better rank); the score is ``1 - inversions / (n (n - 1) / 2)`` where an
+inversion is a pair ordered one way by humans and the other by the reward (human ties are never
+inversions); the summary is the mean over prompts.
+
+MOS (IQA practice, VQEG 2000 Phase I report): SRCC, KRCC, PLCC of scores against MOS, raw and
+after mapping the scores through the 4-parameter logistic
+``f(x) = (b1 - b2) / (1 + exp(-(x - b3) / |b4|)) + b2`` fitted by least squares. The fitted
+values predict MOS, so ``plcc_fitted`` measures prediction accuracy and is positive for a good fit
+whether the reward rises or falls with quality; the raw correlations keep the sign.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy import optimize, special, stats
+
+logger = logging.getLogger(__name__)
+
+TIE_POLICIES = ("pickscore", "skip-ties", "strict")
+PICKSCORE_THRESHOLDS = tuple(round(0.1 * i, 1) for i in range(11))  # PickScore's grid {0, 0.1, ..., 1}
+
+
+# -- preference --------------------------------------------------------------------------------------
+
+
+def pickscore_probability_gap(
+    scores_0: np.ndarray, scores_1: np.ndarray, temperature: float = 1.0
+) -> np.ndarray:
+    """``p1 - p0`` with ``p = softmax([s0, s1] / temperature)``, i.e. ``tanh((s1 - s0) / (2 T))``."""
+    diff = (np.asarray(scores_1, float) - np.asarray(scores_0, float)) / temperature
+    return np.tanh(diff / 2.0)
+
+
+def preference_credit(
+    scores_0: Sequence[float],
+    scores_1: Sequence[float],
+    labels: Sequence[float],
+    policy: str = "pickscore",
+    threshold: float = 0.0,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """Per-pair credit in {0, 0.5, 1} under ``policy``; NaN for pairs the policy drops.
+
+    Args:
+        scores_0, scores_1: reward scores of the two images, ``[N]``.
+        labels: ``[N]`` in {0, 0.5, 1} (probability that image_1 is preferred).
+        policy: one of :data:`TIE_POLICIES`.
+        threshold: PickScore's tie threshold on ``|p1 - p0|`` (``pickscore`` only).
+        temperature: softmax temperature turning scores into PickScore probabilities.
+    """
+    s0, s1, y = (np.asarray(a, dtype=float) for a in (scores_0, scores_1, labels))
+    human_tie = y == 0.5
+    human_winner = np.where(y > 0.5, 1, 0)
+    if policy == "pickscore":
+        gap = pickscore_probability_gap(s0, s1, temperature)
+        predicted_tie = np.abs(gap) <= threshold
+        predicted_winner = np.where(gap > 0, 1, 0)
+        same = (predicted_tie & human_tie) | (
+            ~predicted_tie & ~human_tie & (predicted_winner == human_winner)
+        )
+        one_tie = predicted_tie ^ human_tie
+        return np.where(same, 1.0, np.where(one_tie, 0.5, 0.0))
+    if policy == "skip-ties":
+        right = np.where(human_winner == 1, s1 > s0, s0 > s1)
+        credit = np.where(s0 == s1, 0.5, right.astype(float))
+        return np.where(human_tie, np.nan, credit)
+    if policy == "strict":
+        right = np.where(human_winner == 1, s1 > s0, s0 > s1)
+        return np.where(human_tie, (s0 == s1).astype(float), right.astype(float))
+    raise ValueError(f"unknown tie policy {policy!r}; policies are {TIE_POLICIES}")
+
+
+def tune_tie_threshold(
+    scores_0: Sequence[float],
+    scores_1: Sequence[float],
+    labels: Sequence[float],
+    thresholds: Sequence[float] = PICKSCORE_THRESHOLDS,
+    temperature: float = 1.0,
+) -> tuple[float, list[float]]:
+    """PickScore's threshold search: accuracy for each threshold; the first best one wins.
+
+    Returns ``(best_threshold, accuracies)``.
+    """
+    accuracies = [
+        float(np.mean(preference_credit(scores_0, scores_1, labels, "pickscore", t, temperature)))
+        for t in thresholds
+    ]
+    return float(thresholds[int(np.argmax(accuracies))]), accuracies
+
+
+# -- ranking -----------------------------------------------------------------------------------------
+
+
+def scores_to_ranks(scores: Sequence[float]) -> np.ndarray:
+    """0-based ranks, 0 = highest score; equal scores keep input order (stable sort)."""
+    order = np.argsort(-np.asarray(scores, dtype=float), kind="stable")
+    ranks = np.empty(len(order), dtype=int)
+    ranks[order] = np.arange(len(order))
+    return ranks
+
+
+def inversion_score(human_ranks: Sequence[float], scores: Sequence[float]) -> float:
+    """HPS v2's per-prompt score: ``1 - inversions / (n (n - 1) / 2)`` (human ranks: lower = better)."""
+    human = np.asarray(human_ranks, dtype=float)
+    predicted = scores_to_ranks(scores)
+    n = len(human)
+    if n < 2:
+        return float("nan")
+    i, j = np.triu_indices(n, k=1)
+    inversions = np.sum((human[i] - human[j]) * (predicted[i] - predicted[j]) < 0)
+    return float(1.0 - inversions / (n * (n - 1) / 2))
+
+
+# -- MOS ---------------------------------------------------------------------------------------------
+
+
+def logistic4(x: np.ndarray, b1: float, b2: float, b3: float, b4: float) -> np.ndarray:
+    """VQEG's 4-parameter logistic ``(b1 - b2) / (1 + exp(-(x - b3) / |b4|)) + b2``."""
+    return (b1 - b2) * special.expit((np.asarray(x, float) - b3) / (np.abs(b4) + 1e-12)) + b2
+
+
+def fit_logistic4(scores: Sequence[float], mos: Sequence[float]) -> np.ndarray | None:
+    """Least-squares logistic parameters ``(b1, b2, b3, b4)``; None when the fit fails."""
+    x, y = np.asarray(scores, float), np.asarray(mos, float)
+    spread = float(np.std(x)) or 1.0
+    # Start from the line through the data: increasing when scores and MOS correlate positively.
+    increasing = np.corrcoef(x, y)[0, 1] >= 0 if np.std(x) > 0 and np.std(y) > 0 else True
+    high, low = (np.max(y), np.min(y)) if increasing else (np.min(y), np.max(y))
+    initial = [high, low, float(np.mean(x)), spread]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            params, _ = optimize.curve_fit(logistic4, x, y, p0=initial, maxfev=10000)
+    except (RuntimeError, ValueError, optimize.OptimizeWarning):
+        return None
+    return params if np.all(np.isfinite(params)) else None
+
+
+def _correlations(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return float("nan"), float("nan"), float("nan")
+    with (
+        warnings.catch_warnings()
+    ):  # nearly constant inputs (a saturated logistic) give NaN, reported as such
+        warnings.simplefilter("ignore")
+        return (
+            float(stats.spearmanr(x, y).statistic),
+            float(stats.kendalltau(x, y).statistic),
+            float(stats.pearsonr(x, y).statistic),
+        )
+
+
+def mos_correlations(scores: Sequence[float], mos: Sequence[float], fit: bool = True) -> dict[str, float]:
+    """``srcc, krcc, plcc`` raw and ``*_fitted`` after the 4-parameter logistic (NaN if it fails)."""
+    x, y = np.asarray(scores, float), np.asarray(mos, float)
+    srcc, krcc, plcc = _correlations(x, y)
+    result = {"srcc": srcc, "krcc": krcc, "plcc": plcc}
+    if fit:
+        params = fit_logistic4(x, y) if len(x) >= 4 else None
+        fitted = logistic4(x, *params) if params is not None else None
+        values = _correlations(fitted, y) if fitted is not None else (float("nan"),) * 3
+        result.update(srcc_fitted=values[0], krcc_fitted=values[1], plcc_fitted=values[2])
+    return result
+
+
+# -- bootstrap ---------------------------------------------------------------------------------------
+
+
+def bootstrap_intervals(
+    statistic: Callable[[np.ndarray], dict[str, float]],
+    n: int,
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals of several statistics computed on the same resamples.
+
+    ``statistic`` receives an index array of length ``n`` drawn with replacement from
+    ``range(n)`` and returns named values. Resamples where a value is NaN are ignored for that
+    value; ``(nan, nan)`` when none is finite or ``n_boot`` is 0.
+    """
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(n_boot if n > 0 else 0):
+        for name, value in statistic(rng.integers(0, n, size=n)).items():
+            draws.setdefault(name, []).append(value)
+    alpha = 100 * (1.0 - confidence) / 2.0
+    intervals = {}
+    for name, values in draws.items():
+        finite = np.asarray(values, dtype=float)
+        finite = finite[np.isfinite(finite)]
+        if finite.size == 0:
+            intervals[name] = (float("nan"), float("nan"))
+        else:
+            low, high = np.percentile(finite, [alpha, 100 - alpha])
+            intervals[name] = (float(low), float(high))
+    return intervals
+
+
+def bootstrap_interval(
+    statistic: Callable[[np.ndarray], float],
+    n: int,
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of one statistic (see :func:`bootstrap_intervals`)."""
+    if n_boot <= 0 or n == 0:
+        return float("nan"), float("nan")
+    return bootstrap_intervals(lambda index: {"value": statistic(index)}, n, n_boot, seed, confidence)[
+        "value"
+    ]
+
+
+def mean_interval(
+    values: Sequence[float], n_boot: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``nanmean(values)``, vectorised (per-pair credits, per-prompt scores)."""
+    values = np.asarray(values, dtype=float)
+    if n_boot <= 0 or values.size == 0 or not np.isfinite(values).any():
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, values.size, size=(n_boot, values.size))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(values[index], axis=1)
+    means = means[np.isfinite(means)]
+    if means.size == 0:
+        return float("nan"), float("nan")
+    alpha = 100 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(means, [alpha, 100 - alpha])
+    return float(low), float(high)

@@ -1,0 +1,1 @@
+"""Tests of genalign.rewards.evaluation (eval-reward)."""
