@@ -207,3 +207,18 @@ def test_model_index_names_every_component(tmp_path):
     index = json.loads((tmp_path / "lcm" / "model_index.json").read_text())
     assert index["_class_name"] == "LatentConsistencyModelPipeline"
     assert isinstance(tiny.byte_level_clip_tokenizer()("a").input_ids, list)
+
+
+def test_consistency_policy_runs_a_turbo_style_unet_without_guidance_embedding():
+    # sd-turbo is an SD UNet (no time_cond_proj_dim) sampled in one step: the family swaps in
+    # LCMScheduler and uses plain CFG only when guidance_scale > 1.
+    pipe = diffusion.sd_pipeline(seed=0)
+    policy = ConsistencyPolicy.from_pipe(pipe, train=False)
+    assert not policy.uses_cfg(0.0) and policy.uses_cfg(2.0)
+    one_step = policy.rollout(PROMPTS, num_inference_steps=1, guidance_scale=0.0, generator=5)
+    assert one_step.stds.eq(0).all() and one_step.log_probs.eq(0).all()  # the single step is f_theta
+    again = policy.rollout(PROMPTS, num_inference_steps=1, guidance_scale=0.0, generator=5)
+    assert torch.equal(one_step.images, again.images)
+    multi = policy.rollout(PROMPTS, num_inference_steps=3, guidance_scale=2.0, generator=5)
+    torch.testing.assert_close(policy.log_prob(multi), multi.log_probs, atol=0, rtol=0)
+    assert (multi.log_probs[:, :-1] != 0).all()
