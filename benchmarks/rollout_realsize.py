@@ -37,14 +37,36 @@ def sd15_sized_pipeline(device: str, dtype: torch.dtype):
             layers_per_block=2,
             sample_size=512,
         )
-        text = CLIPTextModel(CLIPTextConfig(vocab_size=514, hidden_size=768, intermediate_size=3072,
-                                            num_hidden_layers=12, num_attention_heads=12,
-                                            bos_token_id=512, eos_token_id=513, pad_token_id=513))
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
-    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text, tokenizer=byte_level_clip_tokenizer(), unet=unet,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
+        text = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=514,
+                hidden_size=768,
+                intermediate_size=3072,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                bos_token_id=512,
+                eos_token_id=513,
+                pad_token_id=513,
+            )
+        )
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text,
+        tokenizer=byte_level_clip_tokenizer(),
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     return pipe.to(device=device, dtype=dtype)
 
 
@@ -68,13 +90,28 @@ def main() -> None:
     seeds = torch.arange(args.batch_size) + 1000
 
     def rollout():
-        return policy.rollout(prompts, num_inference_steps=args.steps, guidance_scale=7.5, eta=0.0, seeds=seeds,
-                              height=args.size, width=args.size)
+        return policy.rollout(
+            prompts,
+            num_inference_steps=args.steps,
+            guidance_scale=7.5,
+            eta=0.0,
+            seeds=seeds,
+            height=args.size,
+            width=args.size,
+        )
 
     def plain():
         generators = [torch.Generator(device).manual_seed(int(s)) for s in seeds]
-        return pipe(prompts, num_inference_steps=args.steps, guidance_scale=7.5, eta=0.0, generator=generators,
-                    height=args.size, width=args.size, output_type="pt")
+        return pipe(
+            prompts,
+            num_inference_steps=args.steps,
+            guidance_scale=7.5,
+            eta=0.0,
+            generator=generators,
+            height=args.size,
+            width=args.size,
+            output_type="pt",
+        )
 
     with torch.no_grad():
         difference = (rollout().images - plain().images.float()).abs().max().item()
@@ -82,9 +119,14 @@ def main() -> None:
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     row = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "batch": args.batch_size, "steps": args.steps, "size": args.size,
-        "rollout_s": result.measured_median, "pipeline_s": result.baseline_median,
-        "ratio": result.ratio, "paired_ratio": result.paired_ratio, "max_abs_image_diff": difference,
+        "batch": args.batch_size,
+        "steps": args.steps,
+        "size": args.size,
+        "rollout_s": result.measured_median,
+        "pipeline_s": result.baseline_median,
+        "ratio": result.ratio,
+        "paired_ratio": result.paired_ratio,
+        "max_abs_image_diff": difference,
         "peak_gib": peak,
     }
     print(json.dumps(row, indent=2))
