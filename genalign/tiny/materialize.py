@@ -2,7 +2,8 @@
 
 Recipes under ``configs/tiny/`` name models as ``tiny:sd``, ``tiny:flux`` ... The first use
 builds the model with its :mod:`genalign.tiny` builder (seed 0), saves it with
-``save_pretrained`` into a cache folder, and every use then loads that folder through the same
+``save_pretrained`` into a cache folder (keyed by a hash of the builders' source, so an edited
+builder never serves a stale model), and every use then loads that folder through the same
 ``from_pretrained`` path a hub model takes.
 """
 
@@ -28,6 +29,21 @@ def _builders() -> dict[str, Callable]:
     }
 
 
+def _builder_fingerprint() -> str:
+    """Changes whenever the builders or diffusers change, so a stale cached model is never reused."""
+    import hashlib
+
+    import diffusers
+
+    from genalign.tiny import diffusion, tokenizers
+
+    digest = hashlib.sha256()
+    for module in (diffusion, tokenizers):
+        digest.update(Path(module.__file__).read_bytes())
+    digest.update(diffusers.__version__.encode())
+    return digest.hexdigest()[:10]
+
+
 def tiny_cache_dir() -> Path:
     return Path(os.environ.get("GENALIGN_TINY_CACHE", Path.home() / ".cache" / "genalign" / "tiny"))
 
@@ -41,7 +57,7 @@ def materialize(path: str | Path) -> str:
     builders = _builders()
     if name not in builders:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(sorted(builders))}")
-    folder = tiny_cache_dir() / name
+    folder = tiny_cache_dir() / f"{name}-{_builder_fingerprint()}"
     if not (folder / "model_index.json").is_file():
         staging = folder.with_name(f"{name}.tmp-{os.getpid()}")
         builders[name](seed=0, save_to=staging)

@@ -173,9 +173,9 @@ def test_exported_lora_loads_into_the_pipeline(tmp_path):
     trainer.train()
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(
-        trainer.config.model.path.replace("tiny:", str(Path(os.environ["GENALIGN_TINY_CACHE"])) + "/")
-    )
+    from genalign.tiny.materialize import materialize
+
+    pipe = DiffusionPipeline.from_pretrained(materialize(trainer.config.model.path))
     pipe.load_lora_weights(trainer.run_dir / "final")
     assert any("lora" in n for n, _ in pipe.unet.named_parameters())
 
