@@ -209,6 +209,13 @@ def test_trackers_samples_and_ema_export(tmp_path, monkeypatch):
     assert exported_sums != pytest.approx(sorted(float(t.double().sum()) for t in trained), abs=1e-5)
 
 
+def test_tensorboard_tracker_writes_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    trainer = make_trainer(tmp_path, "train.num_steps=1", "logging.trackers=[tensorboard]")
+    trainer.train()
+    assert list(trainer.run_dir.rglob("events.out.tfevents.*")), "no TensorBoard event file was written"
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
