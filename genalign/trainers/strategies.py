@@ -46,6 +46,8 @@ class RolloutBatch:
         global_batch_size: samples in the step across all processes.
         global_rewards: ``[B_global]`` for logging.
         skipped: the step must not be applied (e.g. a NaN reward); ``reason`` says why.
+        train_steps: the step indices the update may train on (default: every stochastic step
+            of the trajectory); a strategy that trains a window of the chain sets it.
     """
 
     trajectory: Trajectory
@@ -57,6 +59,7 @@ class RolloutBatch:
     details: dict[str, Any] = field(default_factory=dict)
     skipped: bool = False
     reason: str = ""
+    train_steps: torch.Tensor | None = None
 
 
 class RolloutStrategy:

@@ -170,9 +170,14 @@ class Trainer:
 
         trajectory = batch.trajectory
         stochastic = trajectory.stochastic_steps()
+        if batch.train_steps is not None:
+            allowed = set(batch.train_steps.tolist())
+            stochastic = torch.tensor(
+                [int(i) for i in stochastic.tolist() if int(i) in allowed], dtype=torch.long
+            )
         if stochastic.numel() == 0:
             raise ValueError(
-                "every sampling step is deterministic (eta = 0 / mode = ode?): nothing to train on"
+                "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"
             )
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
