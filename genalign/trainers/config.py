@@ -59,8 +59,17 @@ class SamplingConfig:
 
 @dataclass
 class RewardConfig:
+    """The training reward, and optional monitors.
+
+    ``monitors`` maps a registered reward name to its keyword arguments; each monitor scores the
+    same rollouts as the training reward, for logging only (``monitor_<name>`` in the metrics),
+    never for advantages. A verifier the policy is not trained on (``shapes_eval``) makes reward
+    hacking visible: the training reward rises while the monitor does not.
+    """
+
     name: str = "jpeg_compressibility"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    monitors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -57,6 +57,8 @@ class Trainer:
         config: the full :class:`RecipeConfig`.
         prompts: the prompt pool.
         accelerator: an ``accelerate.Accelerator`` (made from the config when None).
+        monitors: rewards computed on every step's rollouts for logging only
+            (``monitor_<name>`` metrics), never used for advantages.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Trainer:
         config: RecipeConfig,
         prompts: list[str],
         accelerator: Any | None = None,
+        monitors: dict[str, Reward] | None = None,
     ) -> None:
         from accelerate import Accelerator
 
@@ -95,6 +98,9 @@ class Trainer:
             )
         self.device = policy.device
         self.reward.to(self.device)
+        self.monitors = dict(monitors or {})
+        for monitor in self.monitors.values():
+            monitor.to(self.device)
         self.parameters = policy.trainable_parameters()
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
@@ -163,6 +169,7 @@ class Trainer:
         rollout_seconds = time.perf_counter() - start
         metrics = self._reward_metrics(step, batch)
         metrics["time_rollout"] = rollout_seconds
+        metrics.update(self._monitor_metrics(batch))
         if batch.skipped:
             logger.warning("step %d skipped: %s", step, batch.reason)
             metrics.update(skipped=True, skip_reason=batch.reason)
@@ -228,6 +235,18 @@ class Trainer:
         self.optimizer_steps += 1
         if self.ema is not None:
             self.ema.step(self.parameters)
+
+    def _monitor_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """Mean score of each monitor on this step's rollouts (all processes)."""
+        metrics = {}
+        trajectory = batch.trajectory
+        for name, monitor in self.monitors.items():
+            with torch.no_grad():
+                scores = monitor(trajectory.images, trajectory.prompts).scores.detach().float()
+            scores = self.gather(scores.to(self.device)).cpu()
+            finite = scores[torch.isfinite(scores)]
+            metrics[f"monitor_{name}"] = float(finite.mean()) if finite.numel() else float("nan")
+        return metrics
 
     def _reward_metrics(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
         rewards = batch.global_rewards.float()
@@ -456,7 +475,10 @@ def build_trainer(
         device = accelerator.device
     policy = load_policy(model.family, model.path, lora=lora, dtype=model.dtype, device=device)
     reward = load_reward(config.reward.name, **config.reward.kwargs)
+    monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}
     strategy = STRATEGIES.get(config.train.strategy)(config.train)
     loss = LOSSES.get(config.train.loss)(config.train)
     prompts = config.prompts.load(base_dir)
-    return Trainer(policy, reward, strategy, loss, config, prompts, accelerator=accelerator)
+    return Trainer(
+        policy, reward, strategy, loss, config, prompts, accelerator=accelerator, monitors=monitors
+    )
