@@ -110,6 +110,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from genalign.toy.demo import DEFAULT_RECIPE, run_demo
+
+    overrides = list(args.overrides)
+    if args.config is not None and "=" in args.config and not Path(args.config).exists():
+        overrides.insert(0, args.config)  # `genalign demo key=value ...` with the default recipe
+        args.config = None
+    recipe = args.config or DEFAULT_RECIPE
+    print(f"recipe: {recipe}", flush=True)
+    result = run_demo(
+        recipe, overrides, images_per_category=args.images_per_category, eval_every=args.eval_every
+    )
+    print(f"held-out ShapesEval: {result.before['overall']:.1%} -> {result.after['overall']:.1%}")
+    print(f"reward hacking check: {result.hacking.verdict}")
+    print(f"report: {result.report}")
+    print(f"run folder: {result.run_dir}")
+    return 0
+
+
 def cmd_eval_reward(args: argparse.Namespace) -> int:
     from genalign.rewards.evaluation.data import load_eval_dataset, parse_columns
     from genalign.rewards.evaluation.run import EvalConfig, evaluate_rewards, parse_reward_specs
@@ -237,6 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="recipe YAML, e.g. configs/tiny/ddpo_jpeg.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "demo",
+        help="offline toy-world demo: evaluate a toy generator, RL-train it on a learned reward, "
+        "evaluate again with the ShapesEval verifier and write a report",
+    )
+    p.add_argument("config", nargs="?", default=None, help="demo recipe (default: configs/toy/demo.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
+    p.add_argument("--images-per-category", type=int, default=16, help="held-out images per category")
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: start and end)"
+    )
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("sample", help="sample images from a model (hub id or local folder)")
     p.add_argument("model", help="hub id, local diffusers folder, or tiny:NAME (offline tiny model)")

@@ -118,6 +118,9 @@ class Trainer:
         self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
         self.step = 0
         self.optimizer_steps = 0
+        # called as ``callback(trainer, step, metrics)`` after each step, before it is logged;
+        # a callback may add entries to ``metrics`` (e.g. a periodic held-out evaluation)
+        self.callbacks: list[Any] = []
         self.history: list[dict[str, Any]] = []
         self._last_images: torch.Tensor | None = None
 
@@ -198,7 +201,9 @@ class Trainer:
                 global_size, stochastic.numel(), train.timestep_fraction, generator
             )
             step_indices = stochastic[chosen]  # (B_global, K) actual step indices
-            num_minibatches = global_size // train.minibatch_size
+            # a strategy may keep a variable number of samples (B2-DiffuRL's selection): the last
+            # minibatch may be partial; each sample still weighs 1 / minibatch_size
+            num_minibatches = -(-global_size // train.minibatch_size)
             for m in range(num_minibatches):
                 members = permutation[m * train.minibatch_size : (m + 1) * train.minibatch_size]
                 local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
@@ -237,7 +242,7 @@ class Trainer:
             self.ema.step(self.parameters)
 
     def _monitor_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        """Mean score of each monitor on this step's rollouts (all processes)."""
+        """Mean and std of each monitor's scores on this step's rollouts (all processes)."""
         metrics = {}
         trajectory = batch.trajectory
         for name, monitor in self.monitors.items():
@@ -246,6 +251,7 @@ class Trainer:
             scores = self.gather(scores.to(self.device)).cpu()
             finite = scores[torch.isfinite(scores)]
             metrics[f"monitor_{name}"] = float(finite.mean()) if finite.numel() else float("nan")
+            metrics[f"monitor_{name}_std"] = float(finite.std(unbiased=True)) if finite.numel() > 1 else 0.0
         return metrics
 
     def _reward_metrics(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
@@ -380,6 +386,8 @@ class Trainer:
         for step in bar:
             metrics = self.train_step(step)
             self.step = step + 1
+            for callback in self.callbacks:
+                callback(self, step, metrics)
             self.log(metrics)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
             every = config.logging.sample_every

@@ -1,0 +1,82 @@
+"""The demo's pieces: the held-out evaluation set, the hacking check, the report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genalign.toy import heldout_prompts, is_heldout
+from genalign.toy.demo import hacking_check, heldout_eval_set
+
+
+def test_heldout_eval_set_is_deterministic_and_heldout_only():
+    items = heldout_eval_set(images_per_category=8, max_prompts_per_category=4, seed=3)
+    assert items == heldout_eval_set(images_per_category=8, max_prompts_per_category=4, seed=3)
+    assert items != heldout_eval_set(images_per_category=8, max_prompts_per_category=4, seed=4)
+    assert all(is_heldout(prompt) for prompt, _ in items)
+    categories = {p.category for p in heldout_prompts()}
+    per_category = {c: [s for p, s in items if p.category == c] for c in categories}
+    for category, seeds in per_category.items():
+        # at least the asked-for images in every held-out category, never more than one prompt's worth extra
+        assert len(seeds) >= 8, category
+        assert len(set(seeds)) == len(seeds)
+    # few-prompt categories get several seeds per prompt, many-prompt ones a subset of prompts
+    assert len({p.caption for p, _ in items if p.category == "color_attr"}) == 4
+    with pytest.raises(ValueError, match="positive"):
+        heldout_eval_set(images_per_category=0)
+
+
+def _history(rewards, reward_std, verifier, verifier_std):
+    return [
+        {
+            "step": i,
+            "reward_mean": r,
+            "reward_std": rs,
+            "monitor_shapes_eval": v,
+            "monitor_shapes_eval_std": vs,
+        }
+        for i, (r, rs, v, vs) in enumerate(zip(rewards, reward_std, verifier, verifier_std))
+    ]
+
+
+def test_hacking_check_effect_sizes_by_hand():
+    # 10 steps -> window 2; reward: first two 1.0, 2.0 (mean 1.5), last two 4.0, 5.0 (mean 4.5),
+    # start std 0.5 -> effect (4.5 - 1.5) / 0.5 = 6; verifier 0.2 -> 0.3 with start std 0.4 -> 0.25
+    rewards = [1.0, 2.0, 3, 3, 3, 3, 3, 3, 4.0, 5.0]
+    verifier = [0.2, 0.2, 0.2, 0.2, 0.2, 0.3, 0.3, 0.3, 0.3, 0.3]
+    history = _history(rewards, [0.5] * 10, verifier, [0.4] * 10)
+    check = hacking_check(history, heldout_before=0.30, heldout_after=0.28)
+    assert check.window == 2
+    assert check.reward_effect == pytest.approx(6.0)
+    assert check.verifier_effect == pytest.approx(0.25)
+    assert check.heldout_change == pytest.approx(-0.02)
+    assert check.verdict.startswith("reward hacking")
+
+
+def test_hacking_check_no_hacking_when_verifier_keeps_up():
+    history = _history([0, 0, 1, 1, 2], [1] * 5, [0.1, 0.1, 0.5, 0.6, 0.9], [0.3] * 5)
+    check = hacking_check(history, heldout_before=0.2, heldout_after=0.4)
+    assert check.reward_effect == pytest.approx(2.0)
+    assert check.verifier_effect == pytest.approx((0.9 - 0.1) / 0.3)
+    assert check.verdict.startswith("no sign")
+
+
+def test_hacking_check_needs_the_monitor():
+    with pytest.raises(ValueError, match="monitor_shapes_eval"):
+        hacking_check([{"step": 0, "reward_mean": 0.0, "reward_std": 1.0}], 0.0, 0.0)
+
+
+def test_evaluate_policy_is_reproducible(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path / "tiny"))
+    from genalign.policies import load_policy
+    from genalign.toy.demo import evaluate_policy
+
+    policy = load_policy("sd", "tiny:sd", lora=None)
+    items = heldout_eval_set(images_per_category=1, max_prompts_per_category=1)
+    sampling = {"num_inference_steps": 2, "guidance_scale": 2.0, "eta": 1.0}
+    result, images = evaluate_policy(policy, items, sampling, batch_size=3)
+    again, images_again = evaluate_policy(policy, items, sampling, batch_size=5)
+    assert torch.equal(images, images_again)  # per-sample seeds: batching does not matter
+    assert images.shape[0] == len(items)
+    assert set(result["per_category"]) == {p.category for p, _ in items}
+    assert result["overall"] == again["overall"]
