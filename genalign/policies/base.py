@@ -104,6 +104,11 @@ def per_sample_generators(
     return seeds, gens
 
 
+def _stack_steps(values: list[torch.Tensor], batch: int) -> torch.Tensor:
+    """Per-step ``[B]`` values stacked to ``[B, K]`` (``[B, 0]`` fp32 when there are none)."""
+    return torch.stack(values, dim=1) if values else torch.zeros(batch, 0)
+
+
 def validate_rollout_arguments(prompts: Sequence[str], num_inference_steps: int, group_size: int) -> None:
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings, not a single string")
@@ -351,6 +356,7 @@ class DiffusionPolicy(torch.nn.Module):
         width: int | None = None,
         latents: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,
+        stop_step: int | None = None,
     ) -> Trajectory:
         """Sample ``group_size`` trajectories for each prompt, recording exact step log-probs.
 
@@ -362,9 +368,18 @@ class DiffusionPolicy(torch.nn.Module):
             latents: optional initial noise ``[B, ...]`` (else drawn from the per-sample generators).
             seeds: optional per-sample seeds ``[B]`` (overrides ``generator``); a sample drawn with
                 the same seed and settings is the same sample, in any batch.
+            stop_step: run only the first ``stop_step`` steps of the chain and return a *prefix*:
+                ``latents`` ``[B, stop_step + 1, ...]``, ``log_probs`` / ``stds`` ``[B, stop_step]``,
+                ``timesteps`` the whole schedule ``[B, T]`` and no images (``[B, 0]``); finish it with
+                :meth:`continue_rollout`. Its steps are exactly the first ``stop_step`` of the full
+                rollout with the same seeds. None (default) runs all T steps and decodes.
         """
         num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
         validate_rollout_arguments(prompts, num_inference_steps, group_size)
+        if stop_step is not None and not (
+            isinstance(stop_step, int) and 0 <= stop_step <= num_inference_steps
+        ):
+            raise ValueError(f"stop_step must be an integer in [0, {num_inference_steps}], got {stop_step!r}")
         settings = self.make_settings(
             num_inference_steps, guidance_scale, height, width, eta, noise_level, mode
         )
@@ -383,28 +398,125 @@ class DiffusionPolicy(torch.nn.Module):
         # 3. Timesteps
         timesteps = self.set_timesteps(settings.num_inference_steps, latents)
         # 4. Denoising loop through the kernel
-        all_latents, log_probs, stds = [latents], [], []
-        for i in range(len(timesteps)):
-            step_index = torch.full((batch,), i, dtype=torch.long)
-            model_output = self.predict(latents, step_index, conditioning, settings)
-            out = self.kernel(model_output, step_index, latents, settings, None, generators)
-            latents = out.prev_sample
-            all_latents.append(latents)
-            log_probs.append(out.log_prob)
-            stds.append(out.std.reshape(batch, -1)[:, 0].float())
-        # 5. Decode
-        images = self.decode(latents, settings).float()
+        stop = len(timesteps) if stop_step is None else stop_step
+        new_latents, log_probs, stds = self._denoise(latents, conditioning, settings, generators, 0, stop)
+        all_latents = [latents, *new_latents]
+        # 5. Decode (a prefix is not decoded: it is finished by continue_rollout)
+        if stop == len(timesteps):
+            images = self.decode(all_latents[-1], settings).float()
+        else:
+            images = torch.empty(batch, 0)
         return Trajectory(
             prompts=expanded,
             group_ids=group_ids,
             seeds=seeds,
             latents=torch.stack(all_latents, dim=1),
             timesteps=timesteps.to(self.device)[None].expand(batch, -1).clone(),
-            log_probs=torch.stack(log_probs, dim=1),
-            stds=torch.stack(stds, dim=1),
+            log_probs=_stack_steps(log_probs, batch),
+            stds=_stack_steps(stds, batch),
             images=images,
             conditioning=conditioning,
             settings=settings,
+        )
+
+    def _denoise(
+        self,
+        latents: torch.Tensor,
+        conditioning: dict[str, torch.Tensor],
+        settings: RolloutSettings,
+        generators: list[torch.Generator],
+        start: int,
+        stop: int,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Run steps ``start .. stop - 1`` from ``latents`` (the latent before step ``start``).
+
+        Returns the ``stop - start`` new latents ``[B, ...]``, log-probs ``[B]`` and stds ``[B]``.
+        """
+        batch = latents.shape[0]
+        new_latents, log_probs, stds = [], [], []
+        for i in range(start, stop):
+            step_index = torch.full((batch,), i, dtype=torch.long)
+            model_output = self.predict(latents, step_index, conditioning, settings)
+            out = self.kernel(model_output, step_index, latents, settings, None, generators)
+            latents = out.prev_sample
+            new_latents.append(latents)
+            log_probs.append(out.log_prob)
+            stds.append(out.std.reshape(batch, -1)[:, 0].float())
+        return new_latents, log_probs, stds
+
+    @torch.no_grad()
+    def continue_rollout(
+        self,
+        trajectory: Trajectory,
+        from_step: int,
+        seeds: torch.Tensor | None = None,
+        generator: torch.Generator | int | None = None,
+        repeats: int = 1,
+    ) -> Trajectory:
+        """Branch trajectories: continue each from its latent after ``from_step`` steps, with fresh noise.
+
+        Branch-based sampling of B2-DiffuRL (Hu et al. 2025, Sec. 4.2): a trajectory's prefix
+        ``x_T .. x_{t_s}`` is shared and ``repeats`` continuations are drawn from it. Row ``b`` of
+        ``trajectory`` becomes rows ``b * repeats .. b * repeats + repeats - 1`` of the result.
+
+        Args:
+            trajectory: a full trajectory, or a prefix from ``rollout(..., stop_step=k)`` with
+                ``k >= from_step``; its settings and conditioning are reused.
+            from_step: the first step to redraw, in ``[0, T)``. Steps ``[0, from_step)`` are copied
+                bitwise: ``latents[:, :from_step + 1]``, ``log_probs[:, :from_step]``, ``stds``.
+            seeds: one seed per output row ``[B * repeats]`` for the generators of the new steps
+                (else drawn from ``generator``).
+            repeats: continuations per input row.
+
+        Returns:
+            A full :class:`Trajectory` of ``B * repeats`` rows with decoded images, exact log-probs
+            of every step, ``seeds`` the continuation seeds, ``extras["prefix_seeds"]`` the seeds
+            the prefix was drawn with and ``extras["branch_step"] = from_step``.
+        """
+        num_steps = trajectory.num_steps
+        if not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        if not isinstance(from_step, int) or not 0 <= from_step < num_steps:
+            raise ValueError(f"from_step must be an integer in [0, {num_steps}), got {from_step!r}")
+        recorded = trajectory.latents.shape[1] - 1
+        if recorded < from_step:
+            raise ValueError(
+                f"the trajectory holds {recorded} steps, fewer than from_step={from_step}: "
+                f"roll out at least {from_step} steps (stop_step) before continuing"
+            )
+        batch = trajectory.batch_size * repeats
+        seeds, generators = per_sample_generators(batch, generator, self.device, seeds)
+
+        def repeat(value: Any) -> Any:
+            if torch.is_tensor(value) and value.ndim > 0 and value.shape[0] == trajectory.batch_size:
+                return value.repeat_interleave(repeats, dim=0)
+            return value
+
+        settings = trajectory.settings
+        conditioning = {name: repeat(value) for name, value in trajectory.conditioning.items()}
+        prefix = repeat(trajectory.latents[:, : from_step + 1])  # (B * repeats, from_step + 1, ...)
+        self.set_timesteps(settings.num_inference_steps, prefix[:, 0])
+        new_latents, log_probs, stds = self._denoise(
+            prefix[:, -1], conditioning, settings, generators, from_step, num_steps
+        )
+        latents = torch.cat([prefix, torch.stack(new_latents, dim=1)], dim=1)
+        images = self.decode(latents[:, -1], settings).float()
+        extras = dict(trajectory.extras)
+        extras.update(prefix_seeds=repeat(trajectory.seeds), branch_step=from_step)
+        return Trajectory(
+            prompts=[p for p in trajectory.prompts for _ in range(repeats)],
+            group_ids=repeat(trajectory.group_ids),
+            seeds=seeds,
+            latents=latents,
+            timesteps=repeat(trajectory.timesteps),
+            log_probs=torch.cat(
+                [repeat(trajectory.log_probs[:, :from_step]), _stack_steps(log_probs, batch)], 1
+            ),
+            stds=torch.cat([repeat(trajectory.stds[:, :from_step]), _stack_steps(stds, batch)], 1),
+            images=images,
+            conditioning=conditioning,
+            settings=settings,
+            extras=extras,
         )
 
     def step(self, trajectory: Trajectory, step_index: torch.Tensor | int) -> StepOutput:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from genalign.trainers.b2diffurl import B2DiffuRLStrategy  # registers the "b2diffurl" strategy
 from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
@@ -14,6 +15,7 @@ METHODS = {
     "grpo": "any family, group-relative advantages, PPO-clip (Shao et al. 2024)",
     "flow_grpo": "flow family, SDE rollouts, group advantages, KL to reference (Liu et al. 2025)",
     "rlcm": "consistency family, RLCM step policy, PPO-clip (Oertell et al. 2024)",
+    "b2diffurl": "sd/flow, backward progressive window + branch sampling, PPO-clip (Hu et al. 2025)",
 }
 
 
@@ -28,6 +30,7 @@ def list_trainers() -> dict[str, list[str]]:
 
 __all__ = [
     "LOSSES",
+    "B2DiffuRLStrategy",
     "METHODS",
     "STRATEGIES",
     "Checkpoint",

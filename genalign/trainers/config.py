@@ -99,6 +99,58 @@ class PromptsConfig:
 
 
 @dataclass
+class B2DiffuRLConfig:
+    """Options of the ``b2diffurl`` rollout strategy (Hu et al., CVPR 2025, "Towards Better
+    Alignment: Training Diffusion Models with Reinforcement Learning Against Sparse Rewards").
+
+    Backward progressive training: a step trains the window ``[T - split_step, T)`` of the T
+    sampling steps; ``split_step`` rises from ``split_step_start`` to ``split_step_end`` (None:
+    T) by ``split_step_increment``, holding each value for ``stage_steps`` training steps (None:
+    the values are spread evenly over ``train.num_steps``, as the official ``run_process.sh``
+    does). Branch-based sampling: every sample's prefix is drawn once and continued ``branches``
+    times from the window start. Selection: rewards are normalised per prompt against the last
+    ``history_steps`` steps' rewards; in each branch group the best sample is kept if its
+    normalised reward is ``>= pos_threshold`` and the worst if ``< neg_threshold``; their
+    advantages (the normalised rewards clipped to ``train.advantage_clip``) are scaled by
+    ``pos_weight`` (positive) or ``neg_weight`` (otherwise). ``sample_batch_size`` bounds the
+    source samples rolled out in one call (None: all of this process's at once).
+    """
+
+    split_step_start: int = 14
+    split_step_end: int | None = None
+    split_step_increment: int = 1
+    stage_steps: int | None = None
+    branches: int = 5
+    pos_threshold: float = 0.5
+    neg_threshold: float = -0.5
+    pos_weight: float = 1.0
+    neg_weight: float = 1.0
+    history_steps: int = 8
+    sample_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = ["split_step_start", "split_step_increment", "branches"]
+        for key in positive + ["stage_steps", "sample_batch_size", "split_step_end"]:
+            value = getattr(self, key)
+            if (key in positive or value is not None) and value <= 0:
+                raise ConfigError(f"train.b2diffurl.{key} must be positive, got {value}")
+        if self.split_step_end is not None and self.split_step_end < self.split_step_start:
+            raise ConfigError(
+                f"train.b2diffurl.split_step_end {self.split_step_end} is below "
+                f"train.b2diffurl.split_step_start {self.split_step_start}"
+            )
+        if self.neg_threshold > self.pos_threshold:
+            raise ConfigError(
+                f"train.b2diffurl.neg_threshold {self.neg_threshold} exceeds "
+                f"train.b2diffurl.pos_threshold {self.pos_threshold}"
+            )
+        for key in ("pos_weight", "neg_weight", "history_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.b2diffurl.{key} must be >= 0, got {getattr(self, key)}")
+
+
+
+@dataclass
 class TrainConfig:
     """The RL algorithm and optimiser.
 
@@ -109,7 +161,7 @@ class TrainConfig:
     ``gradient_accumulation_steps`` minibatches.
     """
 
-    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm"] = "grpo"
+    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl"] = "grpo"
     strategy: str = "groups"
     loss: str = "ppo_clip"
     num_steps: int = 10
@@ -138,6 +190,7 @@ class TrainConfig:
     ema_decay: float | None = None
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     seed: int = 0
+    b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
 
     def __post_init__(self) -> None:
         if self.batch_size is not None:
@@ -159,7 +212,9 @@ class TrainConfig:
                 raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
         if not 0.0 < self.timestep_fraction <= 1.0:
             raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
-        if self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
+        # b2diffurl compares branches, not prompt groups: one sample per prompt is its usual setting
+        grouped = self.strategy != "b2diffurl"
+        if grouped and self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
             raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
         if self.samples_per_step % self.minibatch_size != 0:
             raise ConfigError(
@@ -203,6 +258,13 @@ class RecipeConfig:
         if family is not None and self.model.family != family:
             raise ConfigError(
                 f"train.method {self.train.method!r} is for the {family!r} family, but model.family is {self.model.family!r}"
+            )
+        b2 = self.train.b2diffurl
+        steps = self.sampling.num_inference_steps
+        if self.train.strategy == "b2diffurl" and max(b2.split_step_start, b2.split_step_end or 0) > steps:
+            raise ConfigError(
+                f"train.b2diffurl.split_step_start / split_step_end ({b2.split_step_start} / "
+                f"{b2.split_step_end}) exceed sampling.num_inference_steps {steps}"
             )
 
     def fingerprint(self) -> str:
