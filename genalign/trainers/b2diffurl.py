@@ -197,6 +197,10 @@ class B2DiffuRLStrategy(RolloutStrategy):
     gathered rewards identically on every process; each process keeps its own selected rows with
     their positions in the global selected list. Prompts, source seeds and branch seeds come from
     ``(train.seed, step)`` only.
+
+    The batch's trajectory (hence sample grids and reward monitors) holds the selected samples;
+    ``global_rewards`` (the logged ``reward_mean`` and ``samples``) covers every generated image.
+    A step in which no branch group passes the thresholds is skipped (nothing to train on).
     """
 
     def __init__(self, config: Any) -> None:

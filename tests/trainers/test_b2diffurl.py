@@ -306,6 +306,18 @@ def test_sharding_over_two_processes_reproduces_the_one_process_batch(tmp_path, 
     torch.testing.assert_close(latents, single.trajectory.latents)
 
 
+def test_chunked_rollouts_give_the_same_batch(tmp_path):
+    whole = make_trainer(tmp_path, "train.b2diffurl.neg_threshold=-0.3")
+    chunked = make_trainer(
+        tmp_path, "train.b2diffurl.neg_threshold=-0.3", "train.b2diffurl.sample_batch_size=1"
+    )
+    a, b = whole.strategy.collect(whole, 1), chunked.strategy.collect(chunked, 1)
+    torch.testing.assert_close(b.global_rewards, a.global_rewards)
+    assert b.global_index.tolist() == a.global_index.tolist() and b.trajectory.prompts == a.trajectory.prompts
+    torch.testing.assert_close(b.trajectory.latents, a.trajectory.latents)
+    assert torch.equal(b.trajectory.extras["prefix_seeds"], a.trajectory.extras["prefix_seeds"])
+
+
 def test_resumed_strategy_keeps_its_history(tmp_path):
     trainer = make_trainer(tmp_path, "train.num_steps=2")
     trainer.train()
