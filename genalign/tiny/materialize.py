@@ -48,6 +48,16 @@ def tiny_cache_dir() -> Path:
     return Path(os.environ.get("GENALIGN_TINY_CACHE", Path.home() / ".cache" / "genalign" / "tiny"))
 
 
+def _wait_for(path: Path, timeout: float = 900.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for local rank 0 to build {path.parent}")
+        time.sleep(0.2)
+
+
 def materialize(path: str | Path) -> str:
     """Resolve ``tiny:NAME`` to a saved folder (building it on first use); other paths pass through."""
     text = str(path)
@@ -58,6 +68,11 @@ def materialize(path: str | Path) -> str:
     if name not in builders:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(sorted(builders))}")
     folder = tiny_cache_dir() / f"{name}-{_builder_fingerprint()}"
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank not in (None, "0") and not (folder / "model_index.json").is_file():
+        # one builder per machine: under torchrun/accelerate only local rank 0 builds (saving
+        # from other ranks is unreliable: transformers skips writes off the main process)
+        _wait_for(folder / "model_index.json")
     if not (folder / "model_index.json").is_file():
         staging = folder.with_name(f"{name}.tmp-{os.getpid()}")
         builders[name](seed=0, save_to=staging)

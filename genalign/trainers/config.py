@@ -149,6 +149,86 @@ class B2DiffuRLConfig:
                 raise ConfigError(f"train.b2diffurl.{key} must be >= 0, got {getattr(self, key)}")
 
 
+@dataclass
+class NFTConfig:
+    """Options of the ``nft`` loss (DiffusionNFT, Zheng et al. 2025; ``genalign.trainers.nft``).
+
+    ``beta``: the implicit-policy mixing strength of eq. 7; ``adv_clip``: c of
+    r = clip(A, -c, c) / (2c) + 1/2; the old (sampling) policy's soft update
+    theta_old <- eta theta_old + (1 - eta) theta uses eta = min(ema_rate * (i - ema_flat), ema_max)
+    after i optimiser steps (the paper's 0.001 / 0.5 / 0); ``rollout_policy``: "old" samples with
+    the old policy as the paper does, "current" with the trained weights; ``adaptive_weighting``:
+    divide each x0-space error by its stop-gradient mean absolute error (official code), clamped at
+    ``weight_min``.
+    """
+
+    beta: float = 1.0
+    adv_clip: float = 5.0
+    ema_rate: float = 0.001
+    ema_max: float = 0.5
+    ema_flat: int = 0
+    rollout_policy: Literal["old", "current"] = "old"
+    adaptive_weighting: bool = True
+    weight_min: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for key in ("beta", "adv_clip", "weight_min"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.nft.{key} must be positive, got {getattr(self, key)}")
+        if self.ema_rate < 0 or self.ema_flat < 0:
+            raise ConfigError(f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}")
+        if not 0.0 <= self.ema_max < 1.0:
+            raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
+
+
+@dataclass
+class SolRLConfig:
+    """Options of the ``sol_rl`` rollout strategy (Sol-RL, 2025; ``genalign.trainers.sol_rl``).
+
+    Per prompt, ``pool_size`` candidates are drawn with the denoiser in ``preview_precision`` and
+    ``preview_steps`` sampling steps (0: no preview stage, the pool is drawn at training precision
+    and steps and selected directly: the "naive scaling" baseline), scored, and ``selection``
+    keeps ``keep_top`` best and ``keep_bottom`` worst (``best_worst``), ``keep_top + keep_bottom``
+    at random (``random``) or the whole pool (``all``); the kept ones are regenerated from the same
+    seeds and initial noise at training precision with the training sampler and step count.
+    ``skip_modules`` / ``min_dim``: linear layers kept in high precision (Sol-RL's
+    ``nvfp4_skip_modules`` / ``nvfp4_min_dim``). ``preview_batch_size``: candidates per rollout
+    call (None: all of this process's at once).
+    """
+
+    pool_size: int = 96
+    keep_top: int = 12
+    keep_bottom: int = 12
+    preview_steps: int = 6
+    preview_precision: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4_simulated", "int8"] = "nvfp4"
+    selection: Literal["best_worst", "random", "all"] = "best_worst"
+    skip_modules: list[str] = field(default_factory=list)
+    min_dim: int = 0
+    preview_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_size <= 0:
+            raise ConfigError(f"train.sol_rl.pool_size must be positive, got {self.pool_size}")
+        if self.keep_top < 0 or self.keep_bottom < 0 or self.keep_top + self.keep_bottom == 0:
+            raise ConfigError(
+                f"train.sol_rl.keep_top / keep_bottom must be >= 0 and not both 0, got {self.keep_top} / {self.keep_bottom}"
+            )
+        if self.keep_top + self.keep_bottom > self.pool_size:
+            raise ConfigError(
+                f"train.sol_rl.keep_top + keep_bottom ({self.keep_top + self.keep_bottom}) exceeds "
+                f"train.sol_rl.pool_size {self.pool_size}"
+            )
+        if self.preview_steps < 0 or self.min_dim < 0:
+            raise ConfigError(
+                f"train.sol_rl.preview_steps and train.sol_rl.min_dim must be >= 0, got {self.preview_steps}, {self.min_dim}"
+            )
+        if self.preview_batch_size is not None and self.preview_batch_size <= 0:
+            raise ConfigError(f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}")
+
+    @property
+    def kept_per_prompt(self) -> int:
+        return self.pool_size if self.selection == "all" else self.keep_top + self.keep_bottom
+
 
 @dataclass
 class TrainConfig:
@@ -161,7 +241,7 @@ class TrainConfig:
     ``gradient_accumulation_steps`` minibatches.
     """
 
-    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl"] = "grpo"
+    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl"] = "grpo"
     strategy: str = "groups"
     loss: str = "ppo_clip"
     num_steps: int = 10
@@ -190,7 +270,13 @@ class TrainConfig:
     ema_decay: float | None = None
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     seed: int = 0
+    # shard the denoiser with FSDP2 over the processes (also on with accelerate's FSDP config);
+    # fsdp_wrap: block class names made FSDP units (empty: genalign's default list)
+    fsdp: bool = False
+    fsdp_wrap: list[str] = field(default_factory=list)
     b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
+    nft: NFTConfig = field(default_factory=NFTConfig)  # loss "nft"
+    sol_rl: SolRLConfig = field(default_factory=SolRLConfig)  # strategy "sol_rl"
 
     def __post_init__(self) -> None:
         if self.batch_size is not None:
@@ -225,6 +311,11 @@ class TrainConfig:
             raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
+        if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
+            raise ConfigError(
+                f"train.group_size {self.group_size} must equal the samples sol_rl keeps per prompt "
+                f"({self.sol_rl.kept_per_prompt}: train.sol_rl.keep_top + keep_bottom, or pool_size for selection=all)"
+            )
 
     @property
     def samples_per_step(self) -> int:
@@ -253,7 +344,7 @@ class RecipeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
-        methods = {"ddpo": "sd", "flow_grpo": "flow", "rlcm": "consistency"}
+        methods = {"ddpo": "sd", "flow_grpo": "flow", "rlcm": "consistency", "diffusion_nft": "flow", "sol_rl": "flow"}
         family = methods.get(self.train.method)
         if family is not None and self.model.family != family:
             raise ConfigError(

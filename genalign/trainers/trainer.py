@@ -19,6 +19,7 @@ so N processes compute the same update as one process with the same global batch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -72,7 +73,6 @@ class Trainer:
         accelerator: Any | None = None,
         monitors: dict[str, Reward] | None = None,
     ) -> None:
-        from accelerate import Accelerator
 
         self.policy, self.reward, self.strategy, self.loss, self.config = (
             policy,
@@ -86,11 +86,7 @@ class Trainer:
             raise ValueError("the prompt pool is empty")
         train = config.train
         self.run_dir = Path(config.logging.run_dir.format(name=config.name))
-        self.accelerator = accelerator or Accelerator(
-            mixed_precision=train.mixed_precision,
-            log_with=list(config.logging.trackers) or None,
-            project_dir=str(self.run_dir),
-        )
+        self.accelerator = accelerator or make_accelerator(config)
         if train.samples_per_step % self.accelerator.num_processes != 0:
             raise ValueError(
                 f"the batch of {train.samples_per_step} samples does not split evenly over "
@@ -101,6 +97,17 @@ class Trainer:
         self.monitors = dict(monitors or {})
         for monitor in self.monitors.values():
             monitor.to(self.device)
+        self.sharded = self._wants_fsdp() and self.accelerator.num_processes > 1
+        if self.sharded:
+            from genalign.trainers.distributed import DEFAULT_WRAP_CLASSES, shard_module
+
+            wrap = list(train.fsdp_wrap) if train.fsdp_wrap else list(DEFAULT_WRAP_CLASSES)
+            units = shard_module(policy.denoiser, wrap)
+            if policy._reference_denoiser is not None:
+                shard_module(policy._reference_denoiser, wrap)
+            logger.info(
+                "FSDP: denoiser sharded over %d processes in %d units", self.accelerator.num_processes, units
+            )
         self.parameters = policy.trainable_parameters()
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
@@ -140,9 +147,14 @@ class Trainer:
             return tensor
         return self.accelerator.gather(tensor.contiguous())
 
+    def _wants_fsdp(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        return bool(self.config.train.fsdp) or self.accelerator.distributed_type == DistributedType.FSDP
+
     def _sum_gradients_across_processes(self) -> None:
-        if self.accelerator.num_processes == 1:
-            return
+        if self.accelerator.num_processes == 1 or self.sharded:
+            return  # FSDP reduce-scatters gradients in backward
         for parameter in self.parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
@@ -167,12 +179,16 @@ class Trainer:
         train = self.config.train
         start = time.perf_counter()
         self.policy.denoiser.eval()  # no dropout: rollout and re-scoring see the same function
-        batch = self.strategy.collect(self, step)
+        # a loss may name the policy rollouts come from (DiffusionNFT samples with its old policy)
+        rollout_policy = getattr(self.loss, "rollout_policy", None)
+        with rollout_policy(self, step) if rollout_policy is not None else contextlib.nullcontext():
+            batch = self.strategy.collect(self, step)
         self._last_images = batch.trajectory.images
         rollout_seconds = time.perf_counter() - start
         metrics = self._reward_metrics(step, batch)
         metrics["time_rollout"] = rollout_seconds
         metrics.update(self._monitor_metrics(batch))
+        metrics.update(getattr(batch, "metrics", {}))  # a strategy's own report (Sol-RL fidelity, timings)
         if batch.skipped:
             logger.warning("step %d skipped: %s", step, batch.reason)
             metrics.update(skipped=True, skip_reason=batch.reason)
@@ -180,6 +196,10 @@ class Trainer:
 
         trajectory = batch.trajectory
         stochastic = trajectory.stochastic_steps()
+        if getattr(self.loss, "forward_process", False):
+            # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
+            # ODE included, and any step's noise level can be trained on
+            stochastic = torch.arange(trajectory.num_steps)
         if batch.train_steps is not None:
             allowed = set(batch.train_steps.tolist())
             stochastic = torch.tensor(
@@ -208,23 +228,33 @@ class Trainer:
                 members = permutation[m * train.minibatch_size : (m + 1) * train.minibatch_size]
                 local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
                 local_global = [int(g) for g in members.tolist() if int(g) in local_position]
-                if local:
-                    sub = trajectory.select(local)
-                    advantages = batch.advantages[torch.tensor(local)]
+                # under FSDP every process must run the same passes: one without samples in this
+                # minibatch runs a zero-weighted pass on one of its own samples
+                dummy = not local and self.sharded
+                if local or dummy:
+                    rows = local if local else [0]
+                    columns = local_global if local else [int(batch.global_index[0])]
+                    sub = trajectory.select(rows)
+                    advantages = batch.advantages[torch.tensor(rows)]
                     share = len(local) / train.minibatch_size
+                    if self.sharded:
+                        share *= self.accelerator.num_processes  # FSDP averages over processes
                     for k in range(step_indices.shape[1]):
                         with self.accelerator.autocast():
-                            loss, info = self.loss(
-                                self.policy, sub, step_indices[local_global, k], advantages
-                            )
+                            loss, info = self.loss(self.policy, sub, step_indices[columns, k], advantages)
                         scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
                         (loss * scale).backward()
+                        if dummy:
+                            continue
                         for key, value in info.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
                         counts += 1
                 if (m + 1) % train.gradient_accumulation_steps == 0 or m == num_minibatches - 1:
                     self._optimizer_step()
         metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
+        end_step = getattr(self.loss, "end_step", None)  # e.g. DiffusionNFT's old-policy soft update
+        if end_step is not None:
+            metrics.update(end_step(self, step) or {})
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         return metrics
@@ -272,24 +302,44 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _trainable_state(self) -> dict[str, torch.Tensor]:
-        return {
-            name: p.detach().cpu().contiguous()
-            for name, p in self.policy.named_trainable_parameters().items()
-        }
+        """Full CPU copies of the trainable weights (a collective under FSDP)."""
+        from genalign.trainers.distributed import full_state
+
+        return full_state(self.policy.named_trainable_parameters())
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if self.sharded:
+            from genalign.trainers.distributed import full_optimizer_state
+
+            return full_optimizer_state(self.policy.denoiser, self.optimizer)
+        return self.optimizer.state_dict()
+
+    def _ema_state(self) -> dict[str, Any]:
+        from genalign.trainers.distributed import full_tensor
+
+        state = self.ema.state_dict()
+        state["shadow_params"] = [full_tensor(t).cpu() for t in state["shadow_params"]]
+        return state
 
     def save(self) -> Path | None:
         """Write an atomic checkpoint of everything needed to resume (main process only)."""
         path = None
+        # gathered on every process (collectives under FSDP), written by the main one
+        tensors = {"trainable": self._trainable_state()}
+        loss_state = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
+        if loss_state:
+            tensors["loss"] = loss_state  # e.g. DiffusionNFT's old policy
+        optimizer_state = self._optimizer_state()
+        ema_state = self._ema_state() if self.ema is not None else None
         if self.is_main_process:
-            tensors = {"trainable": self._trainable_state()}
             states = {"strategy": self.strategy.state_dict()}
-            if self.ema is not None:
-                states["ema"] = self.ema.state_dict()
+            if ema_state is not None:
+                states["ema"] = ema_state
             path = save_checkpoint(
                 self.run_dir,
                 self.step,
                 tensors=tensors,
-                optimizer_state=self.optimizer.state_dict(),
+                optimizer_state=optimizer_state,
                 scheduler_state=self.lr_scheduler.state_dict(),
                 rng_state=capture_rng_state(),
                 states=states,
@@ -314,14 +364,27 @@ class Trainer:
         missing = sorted(set(named) - set(saved))
         if missing:
             raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:5]}")
-        with torch.no_grad():
-            for name, parameter in named.items():
-                parameter.copy_(saved[name].to(parameter.device, parameter.dtype))
-        self.optimizer.load_state_dict(checkpoint.optimizer_state)
+        from genalign.trainers.distributed import load_full_into, load_full_optimizer_state
+
+        load_full_into(named, saved)
+        if self.sharded:
+            load_full_optimizer_state(self.policy.denoiser, self.optimizer, checkpoint.optimizer_state)
+        else:
+            self.optimizer.load_state_dict(checkpoint.optimizer_state)
         self.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
         self.strategy.load_state_dict(checkpoint.states.get("strategy", {}))
+        if hasattr(self.loss, "load_state_dict") and "loss" in checkpoint.tensors:
+            self.loss.load_state_dict(checkpoint.tensors["loss"])
         if self.ema is not None and "ema" in checkpoint.states:
-            self.ema.load_state_dict(checkpoint.states["ema"])
+            ema_state = dict(checkpoint.states["ema"])
+            if self.sharded:
+                from genalign.trainers.distributed import shard_like
+
+                ema_state["shadow_params"] = [
+                    shard_like(saved, current)
+                    for saved, current in zip(ema_state["shadow_params"], self.ema.shadow_params)
+                ]
+            self.ema.load_state_dict(ema_state)
         if checkpoint.rng_state is not None:
             restore_rng_state(checkpoint.rng_state)
         self.step = checkpoint.step
@@ -397,8 +460,8 @@ class Trainer:
                 self.save()
         if not latest_checkpoint(self.run_dir) or self._latest_step() != self.step:
             self.save()
+        self.export_weights()  # gathers on every process under FSDP; the main one writes
         if self.is_main_process:
-            self.export_weights()
             self.plot_rewards()
         if config.logging.trackers:
             self.accelerator.end_training()
@@ -419,20 +482,31 @@ class Trainer:
         return self._export_weights()
 
     def _export_weights(self) -> Path:
+        from genalign.trainers.distributed import full_state
+
         out = self.run_dir / "final"
-        out.mkdir(parents=True, exist_ok=True)
         pipeline = self.policy.pipeline
         denoiser = self.policy.denoiser
+        component = "unet" if hasattr(pipeline, "unet") else "transformer"
         if self.policy.lora is not None:
             from peft.utils import get_peft_model_state_dict
 
-            state = get_peft_model_state_dict(denoiser)
-            component = "unet" if hasattr(pipeline, "unet") else "transformer"
-            type(pipeline).save_lora_weights(
-                out, **{f"{component}_lora_layers": state}, safe_serialization=True
-            )
-        else:
-            denoiser.save_pretrained(out / ("unet" if hasattr(pipeline, "unet") else "transformer"))
+            state = full_state(get_peft_model_state_dict(denoiser))
+            if self.is_main_process:
+                out.mkdir(parents=True, exist_ok=True)
+                type(pipeline).save_lora_weights(
+                    out, **{f"{component}_lora_layers": state}, safe_serialization=True
+                )
+        elif self.sharded:
+            state = full_state(dict(denoiser.state_dict()))
+            if self.is_main_process:
+                # an unsharded twin of the denoiser holds the gathered weights for save_pretrained
+                twin = type(denoiser).from_config(denoiser.config)
+                twin.load_state_dict(state)
+                twin.save_pretrained(out / component)
+        elif self.is_main_process:
+            denoiser.save_pretrained(out / component)
+        self.accelerator.wait_for_everyone()
         return out
 
     def plot_rewards(self) -> Path | None:
@@ -461,6 +535,17 @@ class Trainer:
         return path
 
 
+def make_accelerator(config: RecipeConfig) -> Any:
+    """The ``accelerate.Accelerator`` a recipe asks for (mixed precision, trackers, run folder)."""
+    from accelerate import Accelerator
+
+    return Accelerator(
+        mixed_precision=config.train.mixed_precision,
+        log_with=list(config.logging.trackers) or None,
+        project_dir=config.logging.run_dir.format(name=config.name),
+    )
+
+
 def _plain(config: Any) -> Any:
     from genalign.config import to_dict
 
@@ -478,9 +563,9 @@ def build_trainer(
 
     model = config.model
     lora = LoraSpec(**_plain(model.lora)) if model.lora is not None else None
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if accelerator is not None:
-        device = accelerator.device
+    # the accelerator first: under a multi-process launch it picks this process's device
+    accelerator = accelerator or make_accelerator(config)
+    device = accelerator.device
     policy = load_policy(model.family, model.path, lora=lora, dtype=model.dtype, device=device)
     reward = load_reward(config.reward.name, **config.reward.kwargs)
     monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}

@@ -1,6 +1,8 @@
-"""Helper of test_two_processes_match_one_process: train 2 steps and save each rank's parameters.
+"""Helper of the multi-process trainer tests: train and save each rank's parameters.
 
-Run alone (one process) or under ``accelerate launch --num_processes 2 --cpu``.
+``python distributed_run.py OUT [key=value ...]`` alone (one process) or under torchrun with
+``--nproc_per_node 2``; the overrides (``train.fsdp=true``, ``model.lora=null``, ...) follow the
+recipe's defaults below.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from genalign.trainers import build_trainer, load_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def main(out: str) -> None:
+def main(out: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
     accelerator = Accelerator(cpu=True)
     config = load_recipe(
@@ -32,17 +34,18 @@ def main(out: str) -> None:
             "train.advantage=group",
             f"logging.run_dir={out}/run",
             "logging.progress=false",
+            *overrides,
         ],
     )
     trainer = build_trainer(config, accelerator=accelerator)
     Path(out).mkdir(parents=True, exist_ok=True)
-    state = {n: p.detach().cpu().contiguous() for n, p in trainer.policy.named_trainable_parameters().items()}
+    state = trainer._trainable_state()  # full tensors, gathered from the shards under FSDP
     if accelerator.is_main_process:
         save_file(state, f"{out}/initial.safetensors")
     trainer.train()
-    state = {n: p.detach().cpu().contiguous() for n, p in trainer.policy.named_trainable_parameters().items()}
+    state = trainer._trainable_state()
     save_file(state, f"{out}/params-rank{accelerator.process_index}.safetensors")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

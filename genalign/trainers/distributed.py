@@ -1,0 +1,128 @@
+"""Sharded training of the denoiser with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Under ``train.fsdp: true`` (or an ``accelerate`` config with ``distributed_type: FSDP``) and more
+than one process, the trainer shards the denoiser's parameters, gradients and optimiser state
+across processes. ``fully_shard`` converts modules in place, so the pipeline keeps the same
+denoiser object and every policy works unchanged; parameters become ``DTensor`` s.
+
+Contract with the trainer (``Trainer.train_step``):
+
+* every process runs the same sequence of forward and backward passes (a process with no sample
+  in a minibatch runs a zero-weighted pass), since each pass all-gathers parameters and each
+  backward reduce-scatters gradients;
+* FSDP averages gradients over processes while the trainer's per-process loss is scaled by its
+  share of the minibatch (a sum over processes), so the loss is multiplied by the process count;
+* checkpoints and exported weights hold full (unsharded) tensors, gathered on every process and
+  written by the main one; resuming re-shards them.
+
+FSDP2 needs one dtype per sharded group: keep the denoiser in fp32 when training LoRA adapters
+under FSDP, or train it fully in one dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+# Block classes wrapped as their own FSDP units (one all-gather per block in the forward);
+# the root module is always wrapped last.
+DEFAULT_WRAP_CLASSES: tuple[str, ...] = (
+    "BasicTransformerBlock",
+    "ResnetBlock2D",
+    "JointTransformerBlock",
+    "FluxTransformerBlock",
+    "FluxSingleTransformerBlock",
+    "SanaTransformerBlock",
+    "PixArtTransformerBlock",
+)
+
+
+def fsdp_available() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return torch.distributed.is_available()
+
+
+def shard_module(module: torch.nn.Module, wrap_classes: Sequence[str] = DEFAULT_WRAP_CLASSES) -> int:
+    """Apply ``fully_shard`` to every submodule whose class name is in ``wrap_classes``, then to
+    ``module`` itself; return the number of FSDP units made. Needs an initialised process group."""
+    if not fsdp_available():
+        raise RuntimeError("train.fsdp needs torch.distributed.fsdp.fully_shard (PyTorch >= 2.6)")
+    if not torch.distributed.is_initialized():
+        raise RuntimeError(
+            "train.fsdp needs an initialised process group (launch with accelerate or torchrun)"
+        )
+    from torch.distributed.fsdp import fully_shard
+
+    wanted = set(wrap_classes)
+    units = 0
+    for submodule in list(module.modules())[1:]:
+        if type(submodule).__name__ in wanted:
+            fully_shard(submodule)
+            units += 1
+    fully_shard(module)
+    return units + 1
+
+
+def is_dtensor(tensor: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(tensor, DTensor)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a ``DTensor`` shard (a collective: every process must call it)."""
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
+
+
+def full_state(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Full CPU copies of named (possibly sharded) tensors, in a fixed order on every process."""
+    return {name: full_tensor(t.detach()).cpu().contiguous() for name, t in sorted(named.items())}
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` (a full tensor) sharded as ``like`` is; unchanged when ``like`` is not a DTensor."""
+    if not is_dtensor(like):
+        return value
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value.to(like.dtype), like.device_mesh, like.placements)
+
+
+@torch.no_grad()
+def load_full_into(parameters: dict[str, torch.nn.Parameter], saved: dict[str, torch.Tensor]) -> None:
+    """Copy full tensors into (possibly sharded) parameters, re-sharding them as the parameter is."""
+    for name, parameter in parameters.items():
+        value = saved[name].to(parameter.dtype)
+        if is_dtensor(parameter):
+            parameter.copy_(shard_like(value.to(parameter.device_mesh.device_type), parameter))
+        else:
+            parameter.copy_(value.to(parameter.device))
+
+
+def full_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state with full tensors (FQN-keyed), the same on every process."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(
+        module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+    )
+
+
+def load_full_optimizer_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def wrap_classes_present(module: torch.nn.Module, wrap_classes: Iterable[str]) -> list[str]:
+    names = {type(m).__name__ for m in module.modules()}
+    return sorted(names & set(wrap_classes))
