@@ -202,6 +202,8 @@ def cmd_reno(args: argparse.Namespace) -> int:
         regularization_weight=args.reg_weight,
         max_grad_norm=args.grad_clip if args.grad_clip > 0 else None,
         optimizer=args.optimizer,
+        height=args.height,
+        width=args.width,
         output_type="pt",
     )
     paths = save_images(out.images, args.out)
@@ -336,7 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval_reward)
 
     p = sub.add_parser("reno", help="ReNO: optimise the initial noise of a one-step model for rewards")
-    p.add_argument("model", help="hub id, local diffusers folder (LCM / sd-turbo layout) or tiny:lcm")
+    p.add_argument(
+        "model",
+        help="hub id or local diffusers folder (sd-turbo, LCM, sdxl-turbo, FLUX.1-schnell, PixArt-alpha DMD), "
+        "or tiny:lcm / tiny:sdxl / tiny:flux / tiny:pixart",
+    )
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
     p.add_argument(
@@ -356,12 +362,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1, help="denoising steps of the generator")
     p.add_argument("--guidance-scale", type=float, default=0.0)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")
+    p.add_argument("--width", type=int, default=None, help="image width (default: the model's native size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
     p.set_defaults(func=cmd_reno)
 
     p = sub.add_parser("rlg", help="RLG: sample mixing a base model and its RL-tuned LoRA")
-    p.add_argument("base", help="hub id, local diffusers folder (SD or SD3) or tiny:sd / tiny:sd3")
+    p.add_argument(
+        "base", help="hub id or local diffusers folder (SD, SDXL, SD3, FLUX, SANA) or tiny:sd, tiny:sdxl, ..."
+    )
     p.add_argument("--rl-lora", required=True, help="the RL-tuned LoRA (file or folder, diffusers format)")
     p.add_argument("--rlg-scale", type=float, default=1.0, help="w: 0 base, 1 RL-tuned, > 1 extrapolate")
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")

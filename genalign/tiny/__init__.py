@@ -19,6 +19,7 @@ _EXPORTS = {
     "flux_pipeline": "diffusion",
     "sana_pipeline": "diffusion",
     "lcm_pipeline": "diffusion",
+    "pixart_pipeline": "diffusion",
     "t5_tokenizer": "diffusion",
     "gemma_tokenizer": "diffusion",
     "qwen2_lm": "language",

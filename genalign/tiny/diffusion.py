@@ -40,6 +40,8 @@ from diffusers import (
     FluxTransformer2DModel,
     LatentConsistencyModelPipeline,
     LCMScheduler,
+    PixArtAlphaPipeline,
+    PixArtTransformer2DModel,
     SanaPipeline,
     SanaTransformer2DModel,
     SD3Transformer2DModel,
@@ -67,6 +69,7 @@ __all__ = [
     "flux_pipeline",
     "gemma_tokenizer",
     "lcm_pipeline",
+    "pixart_pipeline",
     "sana_pipeline",
     "sd3_pipeline",
     "sd_pipeline",
@@ -349,12 +352,14 @@ def sd3_pipeline(
     return _finish(pipe, save_to)
 
 
-def flux_pipeline(seed: int = 0, save_to: str | Path | None = None) -> FluxPipeline:
+def flux_pipeline(seed: int = 0, save_to: str | Path | None = None, schnell: bool = False) -> FluxPipeline:
     """A tiny FLUX.1-dev-style pipeline (double- and single-stream blocks, guidance embedding).
 
     Latents have 4 channels, packed 2x2 into 16-channel tokens; the transformer (1 double and
     1 single block, 2 heads x 16, RoPE axes 4/4/8) reads T5 states (32 features) and the CLIP
     pooled output (32). The scheduler shifts with image size as FLUX.1-dev's does.
+    ``schnell=True`` gives the FLUX.1-schnell layout instead: no guidance embedding (the
+    timestep-distilled model takes no guidance) and a fixed, unshifted flow schedule (shift 1).
 
     ``FluxPipeline`` hard-codes its default resolution to ``128 * vae_scale_factor`` = 512 px;
     pass ``height=width=32`` (any multiple of 8) for small images. 155k parameters, 0.7 MB saved.
@@ -369,20 +374,25 @@ def flux_pipeline(seed: int = 0, save_to: str | Path | None = None) -> FluxPipel
             num_attention_heads=2,
             joint_attention_dim=32,
             pooled_projection_dim=32,
-            guidance_embeds=True,
+            guidance_embeds=not schnell,
             axes_dims_rope=(4, 4, 8),
         )
         tokenizer_2 = t5_tokenizer(model_max_length=512)
-        pipe = FluxPipeline(
-            transformer=transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(
+        scheduler = (
+            FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
+            if schnell
+            else FlowMatchEulerDiscreteScheduler(
                 shift=3.0,
                 use_dynamic_shifting=True,
                 base_shift=0.5,
                 max_shift=1.15,
                 base_image_seq_len=256,
                 max_image_seq_len=4096,
-            ),
+            )
+        )
+        pipe = FluxPipeline(
+            transformer=transformer,
+            scheduler=scheduler,
             vae=_kl_vae(flow=True),
             text_encoder=CLIPTextModel(_clip_text_config()),
             tokenizer=byte_level_clip_tokenizer(),
@@ -483,5 +493,47 @@ def lcm_pipeline(
             safety_checker=None,
             feature_extractor=None,
             requires_safety_checker=False,
+        )
+    return _finish(pipe, save_to)
+
+
+def pixart_pipeline(
+    seed: int = 0, save_to: str | Path | None = None, sample_size: int = 8
+) -> PixArtAlphaPipeline:
+    """A tiny PixArt-alpha pipeline in the one-step DMD layout (PixArt-Alpha-DMD-XL-2-512x512).
+
+    The DiT (2 blocks, 2 heads x 8, patch 2, adaLN-single, learned sigma: 8 output channels for
+    4 latents) cross-attends to a tiny T5 v1.1 encoder (32 features) reading
+    :func:`t5_tokenizer` ids. The scheduler is ``DDPMScheduler`` on PixArt's linear beta
+    schedule, as the DMD checkpoint ships it: the distilled model runs one step at
+    ``timesteps=[400]`` and its image is the step's ``pred_original_sample``
+    (``PixArtAlphaPipeline`` does this whenever ``num_inference_steps == 1``). Images are
+    ``4 * sample_size`` px (32 by default); ``sample_size`` is not one of PixArt's
+    resolution-binning sizes, so call the pipeline with ``use_resolution_binning=False`` (and
+    ``clean_caption=False``, which needs no BeautifulSoup). 57k parameters (transformer 16k,
+    T5 24k, VAE 17k), 0.3 MB saved.
+    """
+    with _seeded(seed):
+        transformer = PixArtTransformer2DModel(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            out_channels=8,
+            num_layers=2,
+            cross_attention_dim=16,
+            sample_size=sample_size,
+            patch_size=2,
+            norm_num_groups=2,
+            caption_channels=32,
+        )
+        tokenizer = t5_tokenizer(model_max_length=120)
+        pipe = PixArtAlphaPipeline(
+            tokenizer=tokenizer,
+            text_encoder=_t5_encoder(len(tokenizer), d_model=32),
+            vae=_kl_vae(),
+            transformer=transformer,
+            scheduler=DDPMScheduler(
+                beta_start=0.0001, beta_end=0.02, beta_schedule="linear", clip_sample=False
+            ),
         )
     return _finish(pipe, save_to)

@@ -26,6 +26,7 @@ def _builders() -> dict[str, Callable]:
         "flux": diffusion.flux_pipeline,
         "sana": diffusion.sana_pipeline,
         "lcm": diffusion.lcm_pipeline,
+        "pixart": diffusion.pixart_pipeline,
     }
 
 

@@ -17,10 +17,19 @@ def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
 
 
-def test_reno_cli(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "model, extra",
+    [
+        ("tiny:lcm", ["--guidance-scale", "1.5"]),
+        ("tiny:sdxl", []),
+        ("tiny:flux", ["--height", "32", "--width", "32", "--guidance-scale", "3.5"]),
+        ("tiny:pixart", []),
+    ],
+)
+def test_reno_cli(model, extra, tmp_path, capsys):
     clip_model(seed=0, save_to=tmp_path / "clip")
-    args = ["reno", "tiny:lcm", "--prompt", "a red circle", "--out", str(tmp_path / "out")]
-    args += ["--reward", "clip=2.0", "--iterations", "3", "--guidance-scale", "1.5", "--device", "cpu"]
+    args = ["reno", model, "--prompt", "a red circle", "--out", str(tmp_path / "out"), *extra]
+    args += ["--reward", "clip=2.0", "--iterations", "3", "--device", "cpu"]
     for option in ("backend=transformers", f"model={tmp_path / 'clip'}", "convention=cosine"):
         args += ["--reward-arg", f"clip.{option}"]
     assert main(args) == 0

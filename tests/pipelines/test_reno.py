@@ -1,4 +1,5 @@
-"""ReNO (Eyring et al., NeurIPS 2024) on the tiny LCM with a tiny differentiable CLIP reward."""
+"""ReNO (Eyring et al., NeurIPS 2024) on tiny LCM, SD, SDXL, FLUX and PixArt-alpha models with tiny
+differentiable CLIP rewards."""
 
 from __future__ import annotations
 
@@ -6,21 +7,40 @@ import math
 
 import pytest
 import torch
+from diffusers import DPMSolverMultistepScheduler
 
-from genalign.pipelines import ReNOPipeline, build_reward_ensemble, norm_regularizer
+from genalign.pipelines import (
+    ReNOFluxPipeline,
+    ReNOPipeline,
+    ReNOPixArtAlphaPipeline,
+    ReNOStableDiffusionXLPipeline,
+    build_reward_ensemble,
+    norm_regularizer,
+)
 from genalign.rewards import load_reward
 from genalign.tiny.clip import clip_model
-from genalign.tiny.diffusion import lcm_pipeline, sd_pipeline
+from genalign.tiny.diffusion import flux_pipeline, lcm_pipeline, pixart_pipeline, sd_pipeline, sdxl_pipeline
 
 PROMPT = "a red circle"
 
 
 @pytest.fixture(scope="module")
-def clip_reward(tmp_path_factory):
-    """CLIP cosine from a tiny transformers CLIP at 32 px (the tiny LCM's resolution)."""
+def clip_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_clip")
     clip_model(seed=0, save_to=folder)
-    return load_reward("clip", backend="transformers", model=str(folder), convention="cosine")
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def clip_reward(clip_folder):
+    """CLIP cosine from a tiny transformers CLIP at 32 px (the tiny models' resolution)."""
+    return load_reward("clip", backend="transformers", model=clip_folder, convention="cosine")
+
+
+@pytest.fixture(scope="module")
+def pickscore_reward(clip_folder):
+    """PickScore's head (logit scale x cosine) on the tiny CLIP: a second differentiable reward."""
+    return load_reward("pickscore", model=clip_folder, processor=clip_folder)
 
 
 @pytest.fixture(scope="module")
@@ -113,29 +133,84 @@ def test_from_pretrained_adam_checkpointing_and_tuple(tmp_path, clip_reward):
     assert images.shape == (1, 3, 32, 32) and 0 <= images.min() and images.max() <= 1
 
 
+PIXART_CALL = {"use_resolution_binning": False, "clean_caption": False}  # the base pipeline's extras
+FLUX_SIZE = {"height": 32, "width": 32}
+
+
 @pytest.mark.parametrize(
-    "name, build, kwargs",
+    "name, build, kwargs, noise_shape, base_extra",
     [
-        ("lcm-1", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 1, "guidance_scale": 1.5}),
-        ("lcm-2", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 2, "guidance_scale": 8.5}),
+        ("lcm-1", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 1, "guidance_scale": 1.5}, None, {}),
+        ("lcm-2", lambda: lcm_pipeline(seed=0), {"num_inference_steps": 2, "guidance_scale": 8.5}, None, {}),
         (
             "turbo",
             lambda: sd_pipeline(seed=0, scheduler="euler"),
             {"num_inference_steps": 1, "guidance_scale": 0.0},
+            None,
+            {},
         ),
         (
             "sd-cfg",
             lambda: sd_pipeline(seed=0, scheduler="ddim"),
             {"num_inference_steps": 2, "guidance_scale": 3.0},
+            None,
+            {},
+        ),
+        (
+            "sdxl-turbo",
+            lambda: sdxl_pipeline(seed=0),
+            {"num_inference_steps": 1, "guidance_scale": 0.0},
+            None,
+            {},
+        ),
+        (
+            "sdxl-cfg",
+            lambda: sdxl_pipeline(seed=0),
+            {"num_inference_steps": 2, "guidance_scale": 3.0},
+            None,
+            {},
+        ),
+        (
+            "flux-schnell",
+            lambda: flux_pipeline(seed=0, schnell=True),
+            {"num_inference_steps": 1, "guidance_scale": 0.0, "max_sequence_length": 256, **FLUX_SIZE},
+            (1, 16, 16),  # packed: (32 / 4 / 2)^2 tokens of 4 x 4 channels
+            {},
+        ),
+        (
+            "flux-dev",
+            lambda: flux_pipeline(seed=0),
+            {"num_inference_steps": 2, "guidance_scale": 3.5, "max_sequence_length": 512, **FLUX_SIZE},
+            (1, 16, 16),
+            {},
+        ),
+        (
+            "pixart-dmd",
+            lambda: pixart_pipeline(seed=0),
+            {"num_inference_steps": 1, "guidance_scale": 1.0, "timesteps": [400]},
+            None,
+            PIXART_CALL,
+        ),
+        (
+            "pixart-cfg",
+            lambda: pixart_pipeline(seed=0),
+            {"num_inference_steps": 2, "guidance_scale": 3.0},
+            None,
+            PIXART_CALL,
         ),
     ],
 )
-def test_first_iteration_is_the_wrapped_pipeline(name, build, kwargs, clip_reward):
+def test_first_iteration_is_the_wrapped_pipeline(name, build, kwargs, noise_shape, base_extra, clip_reward):
     """Iteration 0 generates exactly what the wrapped diffusers pipeline does from the same noise."""
     base = build()
-    noise = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(*(noise_shape or (1, 4, 8, 8)), generator=torch.Generator().manual_seed(1))
     expected = base(
-        PROMPT, latents=noise, generator=torch.Generator().manual_seed(0), output_type="pt", **kwargs
+        PROMPT,
+        latents=noise,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+        **kwargs,
+        **base_extra,
     ).images
     out = ReNOPipeline.from_pipe(base)(
         PROMPT,
@@ -147,3 +222,65 @@ def test_first_iteration_is_the_wrapped_pipeline(name, build, kwargs, clip_rewar
         **kwargs,
     )
     torch.testing.assert_close(out.images, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name, build, reno_class, kwargs",
+    [
+        (
+            "sdxl-turbo",
+            sdxl_pipeline,
+            ReNOStableDiffusionXLPipeline,
+            {"num_inference_steps": 1, "guidance_scale": 0.0},
+        ),
+        (
+            "flux-schnell",
+            lambda seed, save_to: flux_pipeline(seed=seed, save_to=save_to, schnell=True),
+            ReNOFluxPipeline,
+            {"num_inference_steps": 1, **FLUX_SIZE},
+        ),
+        ("pixart-dmd", pixart_pipeline, ReNOPixArtAlphaPipeline, {"num_inference_steps": 1}),
+    ],
+)
+def test_new_architectures_reward_rises(
+    name, build, reno_class, kwargs, tmp_path, clip_reward, pickscore_reward
+):
+    """from_pretrained picks the architecture; the ensemble reward rises and the best image is returned."""
+    build(seed=0, save_to=tmp_path / name)
+    pipe = ReNOPipeline.from_pretrained(str(tmp_path / name))
+    assert type(pipe) is reno_class
+    rewards = [(clip_reward, 2.0), (pickscore_reward, 0.05)]
+    out = _run(pipe, rewards, num_iterations=6, **{"guidance_scale": 0.0, **kwargs})
+    history = out.rewards_history[:, 0]
+    assert (history[1:] > history[:-1]).sum() >= 4, history  # mostly increasing
+    assert history[-1] > history[0]
+    best = int(out.best_iteration[0])
+    assert history[best] == history.max() >= history[0]
+    # the returned image scores what the history says: the weighted sum of both rewards
+    rescored = (
+        2.0 * clip_reward(out.images, [PROMPT]).scores + 0.05 * pickscore_reward(out.images, [PROMPT]).scores
+    )
+    torch.testing.assert_close(rescored, history[best : best + 1], atol=1e-5, rtol=0)
+    # and the returned noise regenerates it
+    again = _run(pipe, rewards, num_iterations=1, latents=out.latents, **{"guidance_scale": 0.0, **kwargs})
+    torch.testing.assert_close(again.images, out.images, atol=1e-5, rtol=0)
+    # gradient checkpointing (denoiser and VAE) changes memory, not the optimisation
+    pipe.enable_gradient_checkpointing()
+    assert pipe.denoiser.is_gradient_checkpointing
+    checkpointed = _run(pipe, rewards, num_iterations=2, **{"guidance_scale": 0.0, **kwargs})
+    pipe.disable_gradient_checkpointing()
+    torch.testing.assert_close(checkpointed.rewards_history, out.rewards_history[:2], atol=1e-5, rtol=0)
+
+
+def test_architecture_specific_errors(clip_reward):
+    flux = ReNOPipeline.from_pipe(flux_pipeline(seed=0, schnell=True))
+    with pytest.raises(ValueError, match="custom timesteps are not supported"):
+        _run(flux, [clip_reward], num_iterations=1, timesteps=[999], **FLUX_SIZE)
+    with pytest.raises(ValueError, match=r"latents: expected shape \(1, 16, 16\)"):
+        _run(flux, [clip_reward], num_iterations=1, latents=torch.randn(1, 4, 8, 8), **FLUX_SIZE)
+    pixart = pixart_pipeline(seed=0)
+    pixart.scheduler = DPMSolverMultistepScheduler.from_config(pixart.scheduler.config)
+    with pytest.raises(ValueError, match="pred_original_sample"):
+        _run(ReNOPipeline.from_pipe(pixart), [clip_reward], num_iterations=1, num_inference_steps=1)
+    with pytest.raises(ValueError, match="ReNO supports"):
+        ReNOPipeline.family("KandinskyPipeline")

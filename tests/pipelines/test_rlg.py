@@ -1,4 +1,5 @@
-"""RLG (Jin et al. 2025): w = 0 is the base model, w = 1 the RL-tuned one, on tiny SD and SD3."""
+"""RLG (Jin et al. 2025): w = 0 is the base model, w = 1 the RL-tuned one, on tiny SD, SDXL, SD3,
+FLUX and SANA."""
 
 from __future__ import annotations
 
@@ -6,16 +7,26 @@ import copy
 
 import pytest
 import torch
-from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
+from diffusers import (
+    FluxPipeline,
+    SanaPipeline,
+    StableDiffusion3Pipeline,
+    StableDiffusionPipeline,
+    StableDiffusionXLPipeline,
+)
 from peft import LoraConfig, inject_adapter_in_model
+from peft.utils import get_peft_model_state_dict
 
 from genalign.pipelines import (
+    RLGFluxPipeline,
     RLGPipeline,
+    RLGSanaPipeline,
     RLGStableDiffusion3Pipeline,
     RLGStableDiffusionPipeline,
+    RLGStableDiffusionXLPipeline,
     rlg_combine,
 )
-from genalign.tiny.diffusion import sd3_pipeline, sd_pipeline
+from genalign.tiny.diffusion import flux_pipeline, sana_pipeline, sd3_pipeline, sd_pipeline, sdxl_pipeline
 
 PROMPT = "a red circle"
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -42,7 +53,49 @@ FAMILIES = {
     "sd-ddim": (lambda: sd_pipeline(seed=0, scheduler="ddim"), "unet", {"guidance_scale": 3.0}),
     "sd-euler": (lambda: sd_pipeline(seed=0, scheduler="euler"), "unet", {"guidance_scale": 3.0}),
     "sd3": (lambda: sd3_pipeline(seed=0), "transformer", {"guidance_scale": 3.0}),
+    "sdxl": (lambda: sdxl_pipeline(seed=0), "unet", {"guidance_scale": 3.0}),
+    # FLUX.1-dev: the embedded guidance makes each branch's single pass already guided
+    "flux": (
+        lambda: flux_pipeline(seed=0),
+        "transformer",
+        {"guidance_scale": 3.5, "height": 32, "width": 32},
+    ),
+    # true CFG (negative prompt) on top, per branch, before the RLG mix
+    "flux-true-cfg": (
+        lambda: flux_pipeline(seed=0),
+        "transformer",
+        {
+            "guidance_scale": 3.5,
+            "true_cfg_scale": 2.0,
+            "negative_prompt": "blurry",
+            "height": 32,
+            "width": 32,
+        },
+    ),
+    "flux-schnell": (
+        lambda: flux_pipeline(seed=0, schnell=True),
+        "transformer",
+        {"guidance_scale": 0.0, "height": 32, "width": 32, "max_sequence_length": 256},
+    ),
+    "sana": (
+        lambda: sana_pipeline(seed=0),
+        "transformer",
+        {
+            "guidance_scale": 3.0,
+            "height": 32,
+            "width": 32,
+            "use_resolution_binning": False,
+            "complex_human_instruction": None,
+        },
+    ),
 }
+RLG_CLASSES = (
+    RLGStableDiffusionPipeline,
+    RLGStableDiffusionXLPipeline,
+    RLGStableDiffusion3Pipeline,
+    RLGFluxPipeline,
+    RLGSanaPipeline,
+)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -60,7 +113,7 @@ def test_scale_zero_is_base_and_one_is_rl(family):
     assert not torch.equal(between, expected_base) and not torch.equal(between, expected_rl)
 
 
-@pytest.mark.parametrize("family", ["sd-ddim", "sd3"])
+@pytest.mark.parametrize("family", ["sd-ddim", "sd3", "sdxl", "flux", "sana"])
 def test_zero_lora_changes_nothing(family):
     build, denoiser_name, kwargs = FAMILIES[family]
     base = build()
@@ -70,7 +123,7 @@ def test_zero_lora_changes_nothing(family):
     torch.testing.assert_close(_run(pipe, rlg_scale=2.5, **kwargs), expected, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["sd-ddim", "sd3"])
+@pytest.mark.parametrize("family", ["sd-ddim", "sd3", "sdxl", "flux", "sana"])
 def test_two_models_equal_lora_form(family):
     build, denoiser_name, kwargs = FAMILIES[family]
     base = build()
@@ -81,7 +134,7 @@ def test_two_models_equal_lora_form(family):
     merged.unload_lora()  # a plain model again: no adapter layers left
     plain = build()  # the same seed: the same base weights, no adapter
     two_models = RLGPipeline.from_pipe(plain, **{f"rl_{denoiser_name}": merged})
-    assert type(two_models) in (RLGStableDiffusionPipeline, RLGStableDiffusion3Pipeline)
+    assert type(two_models) in RLG_CLASSES
     torch.testing.assert_close(_run(two_models, rlg_scale=1.7, **kwargs), lora_form, atol=1e-5, rtol=0)
 
 
@@ -100,10 +153,37 @@ def test_needs_an_rl_model():
 def test_from_pretrained_picks_the_family(tmp_path):
     sd_pipeline(seed=0, save_to=tmp_path / "sd")
     sd3_pipeline(seed=0, save_to=tmp_path / "sd3")
-    assert isinstance(RLGPipeline.from_pretrained(str(tmp_path / "sd")), RLGStableDiffusionPipeline)
-    assert isinstance(RLGPipeline.from_pretrained(str(tmp_path / "sd3")), RLGStableDiffusion3Pipeline)
-    assert issubclass(RLGStableDiffusionPipeline, StableDiffusionPipeline)
-    assert issubclass(RLGStableDiffusion3Pipeline, StableDiffusion3Pipeline)
+    sdxl_pipeline(seed=0, save_to=tmp_path / "sdxl")
+    flux_pipeline(seed=0, save_to=tmp_path / "flux")
+    sana_pipeline(seed=0, save_to=tmp_path / "sana")
+    expected = {
+        "sd": (RLGStableDiffusionPipeline, StableDiffusionPipeline),
+        "sd3": (RLGStableDiffusion3Pipeline, StableDiffusion3Pipeline),
+        "sdxl": (RLGStableDiffusionXLPipeline, StableDiffusionXLPipeline),
+        "flux": (RLGFluxPipeline, FluxPipeline),
+        "sana": (RLGSanaPipeline, SanaPipeline),
+    }
+    for folder, (rlg_class, diffusers_class) in expected.items():
+        pipe = RLGPipeline.from_pretrained(str(tmp_path / folder))
+        assert type(pipe) is rlg_class and isinstance(pipe, diffusers_class), folder
+
+
+@pytest.mark.parametrize("family", ["sdxl", "flux"])
+def test_lora_file_loaded_with_load_lora_weights(family, tmp_path):
+    """The RL-tuned model as a saved diffusers LoRA, loaded the way `genalign rlg` loads it."""
+    build, denoiser_name, kwargs = FAMILIES[family]
+    base = build()
+    expected_base = _run(base, **kwargs)
+    _add_lora(getattr(base, denoiser_name))
+    expected_rl = _run(base, **kwargs)
+    layers = {f"{denoiser_name}_lora_layers": get_peft_model_state_dict(getattr(base, denoiser_name))}
+    type(base).save_lora_weights(tmp_path / "lora", **layers)
+    build().save_pretrained(tmp_path / "base")
+    pipe = RLGPipeline.from_pretrained(str(tmp_path / "base"))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(tmp_path / "lora"), adapter_name="rl")
+    torch.testing.assert_close(_run(pipe, rlg_scale=0.0, **kwargs), expected_base, atol=1e-6, rtol=0)
+    torch.testing.assert_close(_run(pipe, rlg_scale=1.0, **kwargs), expected_rl, atol=1e-6, rtol=0)
 
 
 def test_text_encoder_lora_is_disabled_in_the_reference_branch():

@@ -16,6 +16,7 @@ from genalign.tiny import (
     flux_pipeline,
     lcm_pipeline,
     llava_vlm,
+    pixart_pipeline,
     qwen2_lm,
     sana_pipeline,
     sd3_pipeline,
@@ -48,6 +49,13 @@ PIPELINES: dict[str, tuple[Callable[..., DiffusionPipeline], dict, dict, str]] =
         "SanaPipeline",
     ),
     "lcm": (lcm_pipeline, {}, {}, "LatentConsistencyModelPipeline"),
+    "flux-schnell": (flux_pipeline, {"schnell": True}, {"height": 32, "width": 32}, "FluxPipeline"),
+    "pixart": (
+        pixart_pipeline,
+        {},
+        {"use_resolution_binning": False, "clean_caption": False},
+        "PixArtAlphaPipeline",
+    ),
 }
 
 
@@ -117,7 +125,7 @@ def test_pipeline_round_trips_through_disk(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(reloaded_images, images, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["sd", "sdxl", "sd3", "flux", "sana", "lcm"])
+@pytest.mark.parametrize("name", ["sd", "sdxl", "sd3", "flux", "sana", "lcm", "pixart"])
 def test_builders_are_seeded_and_leave_global_rng_alone(name: str) -> None:
     builder = PIPELINES[name][0]
     rng_before = torch.get_rng_state()
