@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
-	$(PIP) install -q -c constraints.txt -e ".[dev,fast-svg,eval]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,fast-svg,eval,quantization]"
 	touch $(STAMP)
 
 test: install

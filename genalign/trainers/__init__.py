@@ -7,6 +7,8 @@ from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_che
 from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.losses import LOSSES, PolicyLoss, PPOClipLoss
+from genalign.trainers.nft import NFTLoss  # registers the "nft" loss
+from genalign.trainers.sol_rl import SolRLStrategy  # registers the "sol_rl" strategy
 from genalign.trainers.strategies import STRATEGIES, GroupRolloutStrategy, RolloutBatch, RolloutStrategy
 from genalign.trainers.trainer import Trainer, build_trainer
 
@@ -15,6 +17,8 @@ METHODS = {
     "grpo": "any family, group-relative advantages, PPO-clip (Shao et al. 2024)",
     "flow_grpo": "flow family, SDE rollouts, group advantages, KL to reference (Liu et al. 2025)",
     "rlcm": "consistency family, RLCM step policy, PPO-clip (Oertell et al. 2024)",
+    "diffusion_nft": "flow family, forward-process NFT loss, EMA old policy (Zheng et al. 2025)",
+    "sol_rl": "flow family, low-precision candidate pool + full-precision regeneration, NFT (Sol-RL 2025)",
     "b2diffurl": "sd/flow, backward progressive window + branch sampling, PPO-clip (Hu et al. 2025)",
 }
 
@@ -35,12 +39,14 @@ __all__ = [
     "STRATEGIES",
     "Checkpoint",
     "GroupRolloutStrategy",
+    "NFTLoss",
     "PPOClipLoss",
     "ParameterEMA",
     "PolicyLoss",
     "RecipeConfig",
     "RolloutBatch",
     "RolloutStrategy",
+    "SolRLStrategy",
     "Trainer",
     "build_trainer",
     "latest_checkpoint",

@@ -176,7 +176,9 @@ class NFTConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.nft.{key} must be positive, got {getattr(self, key)}")
         if self.ema_rate < 0 or self.ema_flat < 0:
-            raise ConfigError(f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}")
+            raise ConfigError(
+                f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}"
+            )
         if not 0.0 <= self.ema_max < 1.0:
             raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
 
@@ -223,7 +225,9 @@ class SolRLConfig:
                 f"train.sol_rl.preview_steps and train.sol_rl.min_dim must be >= 0, got {self.preview_steps}, {self.min_dim}"
             )
         if self.preview_batch_size is not None and self.preview_batch_size <= 0:
-            raise ConfigError(f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}")
+            raise ConfigError(
+                f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}"
+            )
 
     @property
     def kept_per_prompt(self) -> int:
@@ -344,7 +348,13 @@ class RecipeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
-        methods = {"ddpo": "sd", "flow_grpo": "flow", "rlcm": "consistency", "diffusion_nft": "flow", "sol_rl": "flow"}
+        methods = {
+            "ddpo": "sd",
+            "flow_grpo": "flow",
+            "rlcm": "consistency",
+            "diffusion_nft": "flow",
+            "sol_rl": "flow",
+        }
         family = methods.get(self.train.method)
         if family is not None and self.model.family != family:
             raise ConfigError(

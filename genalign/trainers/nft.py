@@ -1,0 +1,256 @@
+"""DiffusionNFT: online diffusion RL on the forward process (Zheng et al. 2025, arXiv:2509.16117).
+
+Instead of likelihoods of reverse steps, DiffusionNFT trains with the flow-matching objective on
+the clean samples of the rollouts. With x_0 a sample, eps ~ N(0, I) and t in (0, 1]:
+
+    x_t = (1 - t) x_0 + t eps,      v* = eps - x_0                              (flow matching)
+
+the positive and the implicit negative policy are (Sec. 3.2, eq. 7)
+
+    v+(x_t) = (1 - beta) v_old(x_t) + beta v_theta(x_t)
+    v-(x_t) = (1 + beta) v_old(x_t) - beta v_theta(x_t)
+
+and the loss weighs the two by the optimality probability r in [0, 1] of each sample (eq. 8):
+
+    L = r ||v+ - v*||^2 + (1 - r) ||v- - v*||^2,      r = clip(A, -c, c) / (2c) + 1/2
+
+with A the group-normalised advantage. v_old is the sampling ("old") policy, kept as an EMA of
+the trained weights, theta_old <- eta_i theta_old + (1 - eta_i) theta after each training step
+(Sec. 4, "soft update"), with eta_i = min(rate * max(i - flat, 0), max) and i the number of
+optimiser steps so far (the paper's schedule: rate 0.001, max 0.5, flat 0; the official code's
+``return_decay`` with ``decay_type=1``). Rollouts are drawn from the old policy, as in the paper
+(data collection with v_old) and in the official code (``set_adapter("old")`` while sampling).
+
+Adaptive weighting (Sec. 4 and the official code): each squared error is taken in x_0-prediction
+space and divided by its own stop-gradient mean absolute error,
+
+    x0+ = x_t - t v+,   l+ = mean((x0+ - x_0)^2) / sg(mean|x0+ - x_0|)
+
+and the same for v-. Since x0+ - x_0 = -t (v+ - v*), this is the velocity loss of eq. 8 weighted
+per sample by t / mean|v+ - v*|, which makes the loss scale-free across t. As in the official
+code, the loss is multiplied by c / beta (a constant gradient scale), and an optional
+``train.kl_coef * ||v_theta - v_ref||^2`` keeps the policy near the reference model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from genalign.trainers.losses import LOSSES, PolicyLoss
+
+if TYPE_CHECKING:
+    from genalign.policies import DiffusionPolicy, Trajectory
+    from genalign.trainers.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NFTLoss", "nft_loss", "nft_old_policy_decay", "optimality_probability"]
+
+
+def optimality_probability(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """r = clip(A, -c, c) / (2c) + 1/2, in [0, 1] (DiffusionNFT eq. 8)."""
+    if adv_clip <= 0:
+        raise ValueError(f"adv_clip must be positive, got {adv_clip}")
+    return advantages.clamp(-adv_clip, adv_clip) / (2 * adv_clip) + 0.5
+
+
+def nft_old_policy_decay(
+    optimizer_steps: int, rate: float = 0.001, maximum: float = 0.5, flat: int = 0
+) -> float:
+    """eta_i of the old policy's soft update: 0 for i < flat, then min(rate * (i - flat), maximum)."""
+    if optimizer_steps < flat:
+        return 0.0
+    return min(rate * (optimizer_steps - flat), maximum)
+
+
+def nft_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    x0: torch.Tensor,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float = 1.0,
+    adv_clip: float = 5.0,
+    adaptive_weighting: bool = True,
+    weight_min: float = 1e-5,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-sample DiffusionNFT loss ``[B]`` (eq. 8 with the official adaptive weighting and c / beta).
+
+    Args:
+        v_theta: ``[B, ...]`` velocity of the trained policy at (x_t, t) (with gradients).
+        v_old: ``[B, ...]`` velocity of the old policy (no gradients needed; detached here).
+        x0: ``[B, ...]`` clean samples; x_t: ``[B, ...]`` = (1 - t) x0 + t eps.
+        t: ``[B]`` noise levels in (0, 1].
+        advantages: ``[B]`` group advantages.
+        adaptive_weighting: divide each x0-space squared error by its stop-gradient mean absolute
+            error (the official code); False gives the plain velocity losses of eq. 8.
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    v_old = v_old.detach()
+    dims = tuple(range(1, x0.ndim))
+    t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+    r = optimality_probability(advantages.to(x0.dtype), adv_clip)
+    v_positive = beta * v_theta + (1 - beta) * v_old  # eq. 7
+    v_negative = (1 + beta) * v_old - beta * v_theta
+    if adaptive_weighting:
+        x0_positive = x_t - t_b * v_positive
+        x0_negative = x_t - t_b * v_negative
+        with torch.no_grad():
+            w_positive = (x0_positive.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
+            w_negative = (x0_negative.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
+        positive = ((x0_positive - x0) ** 2).mean(dims) / w_positive.to(x0.dtype)
+        negative = ((x0_negative - x0) ** 2).mean(dims) / w_negative.to(x0.dtype)
+    else:
+        target = (x_t - x0) / t_b  # v* = eps - x0
+        positive = ((v_positive - target) ** 2).mean(dims)
+        negative = ((v_negative - target) ** 2).mean(dims)
+    loss = (r * positive + (1 - r) * negative) * (adv_clip / beta)
+    info = {
+        "nft_positive_loss": positive.detach().mean(),
+        "nft_negative_loss": negative.detach().mean(),
+        "nft_r": r.detach().mean(),
+        "nft_old_deviation": ((v_theta.detach() - v_old) ** 2).mean(),
+    }
+    return loss, info
+
+
+@LOSSES.register("nft")
+class NFTLoss(PolicyLoss):
+    """DiffusionNFT as a trainer loss (see the module docstring; config ``train.nft``).
+
+    Attributes used by the trainer: ``forward_process = True`` (train on any step of any rollout,
+    ODE included: step indices only choose the noise level t = sigma_i of the sampler's grid, as
+    the official code does), :meth:`rollout_policy` (rollouts from the old policy) and
+    :meth:`end_step` (the old policy's soft update). The old weights are checkpointed through
+    :meth:`state_dict`.
+
+    The noise eps of a sample is drawn from a generator seeded by (training step, sample seed, step
+    index), so N processes draw what one process would.
+    """
+
+    forward_process = True
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.nft = config.nft
+        self.old_parameters: list[torch.Tensor] | None = None
+        self.current_step = 0
+
+    # ---- the old policy ------------------------------------------------------------------------
+    def _ensure_old(self, policy: DiffusionPolicy) -> list[torch.Tensor]:
+        if self.old_parameters is None:
+            self.old_parameters = [p.detach().clone() for p in policy.trainable_parameters()]
+        return self.old_parameters
+
+    @contextlib.contextmanager
+    def old_policy(self, policy: DiffusionPolicy) -> Iterator[DiffusionPolicy]:
+        """Within this context the policy's trainable parameters hold the old (EMA) weights."""
+        old = self._ensure_old(policy)
+        parameters = policy.trainable_parameters()
+        if len(parameters) != len(old):
+            raise ValueError(f"the policy has {len(parameters)} trainable tensors, the old policy {len(old)}")
+        current = [p.data for p in parameters]
+        for parameter, value in zip(parameters, old):
+            parameter.data = value
+        try:
+            yield policy
+        finally:
+            for parameter, value in zip(parameters, current):
+                parameter.data = value
+
+    def rollout_policy(self, trainer: Trainer, step: int) -> contextlib.AbstractContextManager:
+        """The context rollouts run in: the old policy (``nft.rollout_policy = "old"``) or the current one."""
+        self.current_step = step
+        self._ensure_old(trainer.policy)  # the first old policy is the initial weights
+        if self.nft.rollout_policy == "old":
+            return self.old_policy(trainer.policy)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def end_step(self, trainer: Trainer, step: int) -> dict[str, float]:
+        """theta_old <- eta theta_old + (1 - eta) theta, eta from the optimiser step count."""
+        old = self._ensure_old(trainer.policy)
+        eta = nft_old_policy_decay(
+            trainer.optimizer_steps, self.nft.ema_rate, self.nft.ema_max, self.nft.ema_flat
+        )
+        for value, parameter in zip(old, trainer.policy.trainable_parameters()):
+            value.mul_(eta).add_(parameter.detach().to(value.dtype), alpha=1 - eta)
+        return {"nft_old_decay": eta}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.old_parameters is None:
+            return {}
+        return {
+            f"old.{i:05d}": value.detach().cpu().contiguous() for i, value in enumerate(self.old_parameters)
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if not state:
+            return
+        values = [state[key] for key in sorted(state)]
+        if self.old_parameters is not None and len(values) != len(self.old_parameters):
+            raise ValueError(
+                f"checkpoint holds {len(values)} old-policy tensors, expected {len(self.old_parameters)}"
+            )
+        if self.old_parameters is None:
+            self.old_parameters = [v.clone() for v in values]
+        else:
+            for target, value in zip(self.old_parameters, values):
+                target.copy_(value.to(target.device, target.dtype))
+
+    # ---- the loss ------------------------------------------------------------------------------
+    def noise(self, trajectory: Trajectory, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """eps ``[B, ...]``, one generator per sample keyed by (step, seed, step index)."""
+        rows = []
+        for seed, index in zip(trajectory.seeds.tolist(), step_index.tolist()):
+            key = ((self.current_step * 1_000_003 + int(seed)) * 1_000_003 + int(index) + 1) % (2**63 - 1)
+            generator = torch.Generator().manual_seed(key)
+            rows.append(torch.randn(like.shape[1:], generator=generator, dtype=torch.float32))
+        return torch.stack(rows).to(like.device, like.dtype)
+
+    def __call__(self, policy, trajectory, step_index, advantages):
+        if policy.family != "flow":
+            raise ValueError(
+                f"the nft loss needs a rectified-flow policy (family 'flow'), got family {policy.family!r}"
+            )
+        config, nft = self.config, self.nft
+        step_index = step_index.to(torch.long).cpu()
+        settings = trajectory.settings
+        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        sigmas = policy.scheduler.sigmas.to(torch.float32).cpu()
+        t = sigmas[step_index].to(policy.device)  # (B,) noise level of the chosen grid points
+        x0 = trajectory.latents[:, -1].float()  # (B, ...) clean samples
+        eps = self.noise(trajectory, step_index, x0)
+        t_b = t.reshape(-1, *([1] * (x0.ndim - 1)))
+        x_t = (1 - t_b) * x0 + t_b * eps
+        with torch.no_grad(), self.old_policy(policy):
+            v_old = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+        v_theta = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+        per_sample, info = nft_loss(
+            v_theta,
+            v_old,
+            x0,
+            x_t,
+            t,
+            advantages.to(x0.device).float(),
+            beta=nft.beta,
+            adv_clip=nft.adv_clip,
+            adaptive_weighting=nft.adaptive_weighting,
+            weight_min=nft.weight_min,
+        )
+        loss = per_sample.mean()
+        metrics = {"policy_loss": loss.detach(), **info}
+        if config.kl_coef > 0:
+            with torch.no_grad(), policy.reference():
+                v_ref = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+            kl = ((v_theta - v_ref) ** 2).mean(dim=tuple(range(1, x0.ndim)))
+            loss = loss + config.kl_coef * kl.mean()
+            metrics["kl"] = kl.detach().mean()
+        return loss, metrics
