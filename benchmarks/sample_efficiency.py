@@ -88,6 +88,77 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
+# Issue #10's comparison on the flow family (``--family flow --model assets/models/toy-flow``),
+# scaled from Sol-RL's 24-in-96 to 6-in-24 per prompt so a CPU run fits: GRPO (PPO-clip on SDE
+# rollouts), DiffusionNFT on 6 samples per prompt ("24-in-24"), naive scaling (24 full-precision
+# samples, the best 3 and worst 3 trained on) and Sol-RL (24 int8 previews with fewer steps,
+# best 3 + worst 3 regenerated in full precision). Every image counts, previews included.
+FLOW_PROMPTS = 4
+FLOW_METHODS: dict[str, dict[str, Any]] = {
+    "flow-grpo": {
+        "sampling": {"mode": "sde"},
+        "train": {
+            "method": "flow_grpo",
+            "strategy": "groups",
+            "prompts_per_step": FLOW_PROMPTS,
+            "group_size": 6,
+            "minibatch_size": 8,
+            "advantage": "group",
+            "advantage_std": "global",
+            "clip_range": 1.0e-4,
+        },
+    },
+    "nft-6in6": {
+        "sampling": {"mode": "ode"},
+        "train": {
+            "method": "diffusion_nft",
+            "strategy": "groups",
+            "loss": "nft",
+            "prompts_per_step": FLOW_PROMPTS,
+            "group_size": 6,
+            "minibatch_size": 8,
+            "advantage": "group",
+            "advantage_std": "global",
+        },
+    },
+    "naive-6in24": {
+        "sampling": {"mode": "ode"},
+        "train": {
+            "method": "sol_rl",
+            "strategy": "sol_rl",
+            "loss": "nft",
+            "prompts_per_step": FLOW_PROMPTS,
+            "group_size": 6,
+            "minibatch_size": 8,
+            "advantage": "group",
+            "advantage_std": "global",
+            "sol_rl": {"pool_size": 24, "keep_top": 3, "keep_bottom": 3, "preview_steps": 0},
+        },
+    },
+    "sol-rl-6in24-int8": {
+        "sampling": {"mode": "ode"},
+        "train": {
+            "method": "sol_rl",
+            "strategy": "sol_rl",
+            "loss": "nft",
+            "prompts_per_step": FLOW_PROMPTS,
+            "group_size": 6,
+            "minibatch_size": 8,
+            "advantage": "group",
+            "advantage_std": "global",
+            "sol_rl": {
+                "pool_size": 24,
+                "keep_top": 3,
+                "keep_bottom": 3,
+                "preview_steps": 6,
+                "preview_precision": "int8",
+            },
+        },
+    },
+}
+METHODS.update(FLOW_METHODS)
+
+
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``update`` merged in recursively (neither is modified)."""
     out = copy.deepcopy(base)
@@ -128,6 +199,11 @@ def images_per_step(config: Any, spec: dict[str, Any]) -> int:
         return train.samples_per_step
     if train.strategy == "b2diffurl":
         return train.samples_per_step * train.b2diffurl.branches
+    if train.strategy == "sol_rl":
+        sol = train.sol_rl
+        if sol.preview_steps == 0:  # naive scaling: the pool itself is full precision, nothing regenerated
+            return train.prompts_per_step * sol.pool_size
+        return train.prompts_per_step * (sol.pool_size + sol.keep_top + sol.keep_bottom)
     raise ValueError(
         f"method {spec['name']!r}: strategy {train.strategy!r} has no known image count per step; "
         f"give images_per_step in its spec"
@@ -168,7 +244,7 @@ def run_method(
     rows: list[dict[str, Any]] = []
     reward_label = f"{config.reward.name} {config.reward.kwargs}"
 
-    def evaluate(step: int, images: int, train_reward: float) -> None:
+    def evaluate(step: int, images: int, train_reward: float, train_seconds: float = 0.0) -> None:
         trainer.policy.denoiser.eval()
         result, _ = evaluate_policy(trainer.policy, items, sampling, batch_size=args.eval_batch_size)
         row = {
@@ -179,6 +255,7 @@ def run_method(
             "heldout_overall": result["overall"],
             "heldout_image_accuracy": result["image_accuracy"],
             "train_reward_mean": train_reward,
+            "train_seconds": round(train_seconds, 2),
             "reward": reward_label,
         }
         row.update({f"heldout_{k}": v for k, v in result["per_category"].items()})
@@ -189,13 +266,16 @@ def run_method(
 
     evaluate(0, 0, float("nan"))
     images, next_eval, start = 0, args.eval_every, time.perf_counter()
+    seconds = 0.0  # training wall-clock, evaluations excluded
     for step in range(config.train.num_steps):
+        tick = time.perf_counter()
         metrics = trainer.train_step(step)
         trainer.step = step + 1
         trainer.log(metrics)
-        images += int(metrics.get("samples", per_step))
+        seconds += time.perf_counter() - tick
+        images += per_step
         if images >= next_eval or step == config.train.num_steps - 1:
-            evaluate(step + 1, images, float(metrics["reward_mean"]))
+            evaluate(step + 1, images, float(metrics["reward_mean"]), seconds)
             while next_eval <= images:
                 next_eval += args.eval_every
     logger.info(
@@ -247,25 +327,29 @@ def summarise(rows: list[dict[str, Any]], budgets: list[int]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Held-out ShapesEval against generated images (left) and training wall-clock (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for method in dict.fromkeys(row["method"] for row in rows):
-        by_images: dict[int, list[float]] = {}
-        for row in rows:
-            if row["method"] == method:
-                by_images.setdefault(row["images"], []).append(row["heldout_overall"])
-        xs = sorted(by_images)
-        means = [statistics.mean(by_images[x]) for x in xs]
-        ax.plot(xs, means, marker="o", ms=3, label=method)
-        if any(len(v) > 1 for v in by_images.values()):
-            ax.fill_between(xs, [min(by_images[x]) for x in xs], [max(by_images[x]) for x in xs], alpha=0.2)
-    ax.set_xlabel("generated images")
-    ax.set_ylabel("held-out ShapesEval (overall)")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, label in (
+        (axes[0], "images", "generated images"),
+        (axes[1], "train_seconds", "training wall-clock (s)"),
+    ):
+        for method in dict.fromkeys(row["method"] for row in rows):
+            by_x: dict[float, list[float]] = {}
+            for row in rows:
+                if row["method"] == method:
+                    by_x.setdefault(row.get(key, 0.0), []).append(row["heldout_overall"])
+            xs = sorted(by_x)
+            ax.plot(xs, [statistics.mean(by_x[x]) for x in xs], marker="o", ms=3, label=method)
+            if any(len(v) > 1 for v in by_x.values()):
+                ax.fill_between(xs, [min(by_x[x]) for x in xs], [max(by_x[x]) for x in xs], alpha=0.2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out ShapesEval (overall)")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -280,7 +364,8 @@ def load_methods(args: argparse.Namespace) -> list[dict[str, Any]]:
         if not isinstance(listed, list) or not all(isinstance(s, dict) and "name" in s for s in listed):
             raise ValueError(f"{args.methods_file}: expected a list of {{name, recipe}} mappings")
         specs += listed
-    for name in args.methods or ([] if specs else list(METHODS)):
+    default = list(FLOW_METHODS) if args.family == "flow" else ["grpo", "b2diffurl"]
+    for name in args.methods or ([] if specs else default):
         if name not in METHODS:
             raise ValueError(
                 f"unknown method {name!r}; built in: {', '.join(METHODS)} (or use --methods-file)"

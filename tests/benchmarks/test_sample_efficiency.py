@@ -59,3 +59,47 @@ def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path):
     assert all(0.0 <= float(r["heldout_overall"]) <= 1.0 for r in rows)
     assert (out / "sample_efficiency.png").stat().st_size > 0
     assert "| 10 |" in (out / "summary.md").read_text()
+
+
+def test_images_per_step_counts_previews_and_regenerations():
+    bench = load_benchmark()
+    args = bench.parse_args(["--model", "tiny:sd3", "--family", "flow", "--budget", "500"])
+    assert [s["name"] for s in bench.load_methods(args)] == list(bench.FLOW_METHODS)
+    prompts = bench.FLOW_PROMPTS
+    expected = {
+        "flow-grpo": prompts * 6,
+        "nft-6in6": prompts * 6,
+        "naive-6in24": prompts * 24,  # the whole pool at full precision
+        "sol-rl-6in24-int8": prompts * (24 + 6),  # previews + regenerated
+    }
+    for name, count in expected.items():
+        config, per_step = bench.build_config(
+            args, {"name": name, "recipe": bench.METHODS[name]}, 0, Path("/x")
+        )
+        assert per_step == count, name
+        assert config.train.num_steps == 500 // count
+
+
+@pytest.mark.slow
+def test_benchmark_runs_the_flow_methods_on_tiny_sd3(tmp_path):
+    bench = load_benchmark()
+    out = tmp_path / "se-flow"
+    code = bench.main(
+        [
+            "--model", "tiny:sd3", "--family", "flow", "--budget", "120", "--eval-every", "120",
+            "--eval-images-per-category", "1", "--methods", "nft-6in6", "sol-rl-6in24-int8",
+            "--set", "sampling.num_inference_steps=3", "sampling.guidance_scale=1.0", "train.prompts_per_step=1",
+            "train.minibatch_size=6", "train.sol_rl.preview_steps=2", "reward.name=jpeg_compressibility", "reward.kwargs={}",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["method"], int(r["images"])) for r in rows] == [
+        ("nft-6in6", 0),
+        ("nft-6in6", 120),
+        ("sol-rl-6in24-int8", 0),
+        ("sol-rl-6in24-int8", 120),
+    ]
+    assert float(rows[-1]["train_seconds"]) > 0
