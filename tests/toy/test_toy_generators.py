@@ -1,0 +1,214 @@
+"""Toy generators (issue #6): shipped models load through the public APIs, reproduce their cards'
+ShapesEval scores, and the training code lowers its loss; the math helpers against independent
+computations."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.toy import all_prompts
+from genalign.toy.generators import (
+    IMAGE_SIZE,
+    RepeatedTokenJointAttention,
+    build_sd3_transformer,
+    evaluate_generator,
+    guidance_scale_embedding,
+    lcm_boundary_scalings,
+    toy_dataset,
+    toy_tokenizer,
+    toy_words,
+    train_flow,
+    train_lcm,
+    train_sd,
+    train_vae,
+)
+
+MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+# Shipped so far (issue #6): toy-lcm and toy-flow are trained by the same module but not yet
+# shipped (see the toy-sd card and the report); add them here when their folders are committed.
+SHIPPED = [("toy-sd", "sd")]
+TOLERANCE = 1e-6  # the subset score is recomputed by the same function with the same seeds
+
+
+def _shipped(name: str) -> Path:
+    path = MODELS / name
+    if not (path / "card.json").exists():
+        pytest.fail(f"{path} is not shipped (no card.json)")
+    return path
+
+
+# -- tokenizer and data -------------------------------------------------------------------------------
+
+
+def test_tokenizer_spells_every_toy_word_as_one_token():
+    tokenizer = toy_tokenizer()
+    for prompt in all_prompts():
+        ids = tokenizer(prompt.caption).input_ids
+        assert len(ids) == len(prompt.caption.split()) + 2, prompt.caption
+        assert ids[0] == tokenizer.bos_token_id and ids[-1] == tokenizer.eos_token_id
+    assert len(toy_words()) == len({tokenizer(w).input_ids[1] for w in toy_words()})
+    # any other text still tokenizes (byte fallback)
+    assert len(tokenizer("a pink star!").input_ids) > 4
+    assert max(len(tokenizer(p.caption).input_ids) for p in all_prompts()) <= tokenizer.model_max_length
+
+
+def test_dataset_uses_train_prompts_only():
+    from genalign.toy.prompts import prompts_for
+
+    images, captions = toy_dataset(60, seed=3)
+    assert images.shape == (60, 3, IMAGE_SIZE, IMAGE_SIZE) and images.dtype == torch.uint8
+    heldout = {p.caption for p in prompts_for("heldout")}
+    assert not heldout & set(captions)
+    assert "" in captions  # random layouts for the unconditional branch
+    with pytest.raises(ValueError, match="unconditional_fraction"):
+        toy_dataset(2, unconditional_fraction=1.5)
+
+
+# -- math helpers against independent computations ----------------------------------------------------
+
+
+def test_guidance_embedding_matches_diffusers_lcm_pipeline():
+    from diffusers import LatentConsistencyModelPipeline
+
+    w = torch.tensor([0.0, 1.5, 7.0])
+    expected = LatentConsistencyModelPipeline.get_guidance_scale_embedding(None, w, embedding_dim=32)
+    torch.testing.assert_close(guidance_scale_embedding(w, 32), expected)
+
+
+def test_boundary_scalings_match_lcm_scheduler():
+    from diffusers import LCMScheduler
+
+    scheduler = LCMScheduler()
+    for t in (0, 19, 259, 999):
+        c_skip, c_out = lcm_boundary_scalings(torch.tensor([t]))
+        ref_skip, ref_out = scheduler.get_scalings_for_boundary_condition_discrete(t)
+        assert math.isclose(float(c_skip), float(ref_skip), rel_tol=1e-5)
+        assert math.isclose(float(c_out), float(ref_out), rel_tol=1e-5, abs_tol=1e-7)
+    c_skip, c_out = lcm_boundary_scalings(torch.tensor([0]))
+    assert float(c_skip) == 1.0 and float(c_out) == 0.0  # f(x, 0) = x
+
+
+def test_one_token_with_log_bias_equals_repeated_zero_tokens():
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    torch.manual_seed(0)
+    transformer = build_sd3_transformer(num_layers=2, heads=2, head_dim=8, joint_attention_dim=16).eval()
+    for module in transformer.modules():  # nonzero biases, so the zero tokens carry a state
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            torch.nn.init.normal_(module.bias, std=0.5)
+    z, t = torch.randn(2, 4, 12, 12), torch.tensor([250.0, 900.0])
+    clip, pooled = torch.randn(2, 5, 16), torch.randn(2, 64)
+    full = torch.cat([clip, torch.zeros(2, 40, 16)], dim=1)
+    with torch.no_grad():
+        transformer.set_attn_processor(JointAttnProcessor2_0())
+        expected = transformer(z, full, pooled, t).sample
+        transformer.set_attn_processor(RepeatedTokenJointAttention(40))
+        got = transformer(z, full[:, :6], pooled, t).sample
+        transformer.set_attn_processor(RepeatedTokenJointAttention(1))
+        wrong = transformer(z, full[:, :6], pooled, t).sample
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert (wrong - expected).abs().max() > 1e-3
+
+
+# -- training runs a few steps and lowers its loss ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_vae():
+    vae, info = train_vae(
+        steps=20, batch_size=4, num_images=16, lr=3e-3, block_out_channels=(8, 16, 16), log_every=10
+    )
+    return vae, info
+
+
+def test_vae_training_lowers_loss(tiny_vae):
+    _, info = tiny_vae
+    assert info["loss_history"][-1] < info["loss_history"][0]
+    assert info["scaling_factor"] > 0
+
+
+def test_sd_training_lowers_loss(tiny_vae):
+    vae, _ = tiny_vae
+    pipe, info = train_sd(
+        vae,
+        steps=20,
+        batch_size=8,
+        lr=2e-3,
+        num_images=32,
+        unet_channels=(16, 32),
+        text_hidden=32,
+        log_every=10,
+    )
+    assert info["loss_history"][-1] < info["loss_history"][0]
+    image = pipe("a photo of a red circle", num_inference_steps=2, output_type="pt").images
+    assert image.shape == (1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    lcm, lcm_info = train_lcm(pipe, steps=20, batch_size=8, lr=1e-3, num_images=32, log_every=10)
+    assert lcm_info["loss_history"][-1] < lcm_info["loss_history"][0]
+    assert type(lcm.scheduler).__name__ == "LCMScheduler" and lcm.unet.config.time_cond_proj_dim == 64
+
+
+def test_flow_training_lowers_loss(tiny_vae):
+    vae, _ = tiny_vae
+    pipe, info = train_flow(
+        vae, steps=20, batch_size=8, lr=2e-3, num_images=32, num_layers=1, text_hidden=32, log_every=10
+    )
+    assert info["loss_history"][-1] < info["loss_history"][0]
+    assert pipe.vae.config.shift_factor is not None
+
+
+# -- shipped models ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "family"), SHIPPED)
+def test_shipped_model_loads_and_reproduces_card(name, family):
+    from diffusers import DiffusionPipeline
+
+    from genalign.policies import load_policy
+
+    path = _shipped(name)
+    card = json.loads((path / "card.json").read_text())
+    kwargs = {"text_encoder_3": None, "tokenizer_3": None} if family == "flow" else {}
+    pipe = DiffusionPipeline.from_pretrained(str(path), **kwargs)
+    steps = card["eval"]["settings"]["steps"]
+    out = pipe("a photo of a blue square", num_inference_steps=steps, output_type="pt").images
+    assert out.shape == (1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    policy = load_policy(family, str(path), train=False)
+    settings = card["eval_subset"]["settings"]
+    result = evaluate_generator(
+        policy,
+        family,
+        split=settings["split"],
+        num_per_prompt=settings["num_per_prompt"],
+        seed=settings["seed"],
+        steps=settings["steps"],
+        guidance=settings["guidance"],
+        per_category=settings["per_category"],
+    )
+    assert abs(result["overall"] - card["eval_subset"]["overall"]) <= TOLERANCE
+    assert result["per_category"] == pytest.approx(card["eval_subset"]["per_category"], abs=TOLERANCE)
+
+
+def test_toy_sd_loads_with_plain_stable_diffusion_pipeline():
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(_shipped("toy-sd")))
+    assert pipe.safety_checker is None
+    assert pipe.unet.config.sample_size * pipe.vae_scale_factor == IMAGE_SIZE
+
+
+def test_shipped_cards_meet_targets_and_size_budget():
+    card = json.loads((_shipped("toy-sd") / "card.json").read_text())
+    assert 0.2 <= card["eval"]["overall"] <= 0.7
+    assert card["eval"]["per_category"]["colors"] >= 0.8
+    total = sum(
+        f.stat().st_size
+        for name, _ in SHIPPED
+        if (MODELS / name).exists()
+        for f in (MODELS / name).rglob("*")
+    )
+    assert total <= 35 * 2**20
