@@ -32,8 +32,9 @@ format: install
 	$(PY) -m ruff format genalign tests benchmarks
 	$(PY) -m ruff check --fix genalign tests benchmarks
 
+# the toy-world demo: held-out ShapesEval before/after GRPO on a learned reward, report in runs/
 demo: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/genalign train configs/tiny/demo_jpeg.yaml
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/genalign demo configs/toy/demo.yaml
 
 bench: install
 	$(PY) benchmarks/rollout.py

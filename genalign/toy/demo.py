@@ -365,6 +365,17 @@ def write_report(
 # -- the run ------------------------------------------------------------------------------------------
 
 
+def _resolve_asset(value: Any) -> Any:
+    """``assets/...`` paths (optionally after a ``local-dir:`` prefix) resolve against the
+    repository when they do not exist from the working directory, so the demo runs anywhere."""
+    if not isinstance(value, str):
+        return value
+    prefix, _, rest = value.rpartition(":") if value.startswith("local-dir:") else ("", "", value)
+    if rest.startswith("assets/") and not Path(rest).exists() and (ROOT / rest).exists():
+        rest = str(ROOT / rest)
+    return f"{prefix}:{rest}" if prefix else rest
+
+
 def run_demo(
     recipe: str | Path = DEFAULT_RECIPE,
     overrides: Sequence[str] = (),
@@ -377,6 +388,8 @@ def run_demo(
     start = time.perf_counter()
     recipe = Path(recipe)
     config = load_recipe(recipe, list(overrides))
+    config.model.path = _resolve_asset(config.model.path)
+    config.reward.kwargs = {k: _resolve_asset(v) for k, v in config.reward.kwargs.items()}
     if "shapes_eval" not in config.reward.monitors:
         config.reward.monitors["shapes_eval"] = {}
     if config.reward.name == "shapes_eval":
