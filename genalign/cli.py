@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("config", nargs="?", default=None, help="demo recipe (default: configs/toy/demo.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
-    p.add_argument("--images-per-category", type=int, default=16, help="held-out images per category")
+    p.add_argument("--images-per-category", type=int, default=32, help="held-out images per category")
     p.add_argument(
         "--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: start and end)"
     )
