@@ -94,65 +94,42 @@ METHODS: dict[str, dict[str, Any]] = {
 # samples, the best 3 and worst 3 trained on) and Sol-RL (24 int8 previews with fewer steps,
 # best 3 + worst 3 regenerated in full precision). Every image counts, previews included.
 FLOW_PROMPTS = 4
+# what every flow method shares: the batch (6 trained samples per prompt) and group advantages
+FLOW_BATCH: dict[str, Any] = {
+    "prompts_per_step": FLOW_PROMPTS,
+    "group_size": 6,
+    "minibatch_size": 8,
+    "advantage": "group",
+    "advantage_std": "global",
+}
+SOL_KEEP: dict[str, Any] = {"pool_size": 24, "keep_top": 3, "keep_bottom": 3}
 FLOW_METHODS: dict[str, dict[str, Any]] = {
     "flow-grpo": {
         "sampling": {"mode": "sde"},
-        "train": {
-            "method": "flow_grpo",
-            "strategy": "groups",
-            "prompts_per_step": FLOW_PROMPTS,
-            "group_size": 6,
-            "minibatch_size": 8,
-            "advantage": "group",
-            "advantage_std": "global",
-            "clip_range": 1.0e-4,
-        },
+        "train": {**FLOW_BATCH, "method": "flow_grpo", "strategy": "groups", "clip_range": 1.0e-4},
     },
     "nft-6in6": {
         "sampling": {"mode": "ode"},
-        "train": {
-            "method": "diffusion_nft",
-            "strategy": "groups",
-            "loss": "nft",
-            "prompts_per_step": FLOW_PROMPTS,
-            "group_size": 6,
-            "minibatch_size": 8,
-            "advantage": "group",
-            "advantage_std": "global",
-        },
+        "train": {**FLOW_BATCH, "method": "diffusion_nft", "strategy": "groups", "loss": "nft"},
     },
     "naive-6in24": {
         "sampling": {"mode": "ode"},
         "train": {
+            **FLOW_BATCH,
             "method": "sol_rl",
             "strategy": "sol_rl",
             "loss": "nft",
-            "prompts_per_step": FLOW_PROMPTS,
-            "group_size": 6,
-            "minibatch_size": 8,
-            "advantage": "group",
-            "advantage_std": "global",
-            "sol_rl": {"pool_size": 24, "keep_top": 3, "keep_bottom": 3, "preview_steps": 0},
+            "sol_rl": {**SOL_KEEP, "preview_steps": 0},
         },
     },
     "sol-rl-6in24-int8": {
         "sampling": {"mode": "ode"},
         "train": {
+            **FLOW_BATCH,
             "method": "sol_rl",
             "strategy": "sol_rl",
             "loss": "nft",
-            "prompts_per_step": FLOW_PROMPTS,
-            "group_size": 6,
-            "minibatch_size": 8,
-            "advantage": "group",
-            "advantage_std": "global",
-            "sol_rl": {
-                "pool_size": 24,
-                "keep_top": 3,
-                "keep_bottom": 3,
-                "preview_steps": 6,
-                "preview_precision": "int8",
-            },
+            "sol_rl": {**SOL_KEEP, "preview_steps": 6, "preview_precision": "int8"},
         },
     },
 }

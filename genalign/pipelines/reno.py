@@ -470,7 +470,27 @@ class _ReNOMixin:
         )
 
 
-class ReNOPipeline(_ReNOMixin, DiffusionPipeline):
+class _UNetReNOMixin(_ReNOMixin):
+    """The generator of the UNet layouts (SD 1.x/2.x, LCM, turbo, SDXL): the pipeline's own
+    scheduler over a UNet, then the KL VAE."""
+
+    def generate(
+        self,
+        noise: torch.Tensor,
+        conditioning: Mapping[str, Any],
+        num_inference_steps: int,
+        guidance_scale: float,
+        generator: torch.Generator | None,
+        timesteps: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Differentiable ``G(z)``: noise ``[B, C, h, w]`` -> images ``[B, 3, H, W]`` in [0, 1]."""
+        sample = _unet_sample(
+            self, noise, conditioning, num_inference_steps, guidance_scale, generator, timesteps
+        )
+        return _decode_kl(self.vae, sample)
+
+
+class ReNOPipeline(_UNetReNOMixin, DiffusionPipeline):
     """Reward-based Noise Optimization (Eyring et al., NeurIPS 2024) for one-/few-step models.
 
     Built like any diffusers pipeline. ``ReNOPipeline.from_pretrained(folder_or_hub_id)`` and
@@ -576,23 +596,8 @@ class ReNOPipeline(_ReNOMixin, DiffusionPipeline):
             "timestep_cond": _timestep_cond(self.unet, guidance_scale, len(prompts), do_cfg),
         }
 
-    def generate(
-        self,
-        noise: torch.Tensor,
-        conditioning: Mapping[str, Any],
-        num_inference_steps: int,
-        guidance_scale: float,
-        generator: torch.Generator | None,
-        timesteps: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Differentiable ``G(z)``: noise ``[B, C, h, w]`` -> images ``[B, 3, H, W]`` in [0, 1]."""
-        sample = _unet_sample(
-            self, noise, conditioning, num_inference_steps, guidance_scale, generator, timesteps
-        )
-        return _decode_kl(self.vae, sample)
 
-
-class ReNOStableDiffusionXLPipeline(_ReNOMixin, StableDiffusionXLPipeline):
+class ReNOStableDiffusionXLPipeline(_UNetReNOMixin, StableDiffusionXLPipeline):
     """ReNO (Eyring et al., NeurIPS 2024) for SDXL UNets: sdxl-turbo (one step, no CFG; the
     paper's setup uses ``EulerAncestralDiscreteScheduler`` with ``timestep_spacing="trailing"``),
     SDXL-LCM, or few-step SDXL with CFG.
@@ -652,21 +657,6 @@ class ReNOStableDiffusionXLPipeline(_ReNOMixin, StableDiffusionXLPipeline):
     def _default_size(self) -> tuple[int, int]:
         size = self.default_sample_size * self.vae_scale_factor
         return size, size
-
-    def generate(
-        self,
-        noise: torch.Tensor,
-        conditioning: Mapping[str, Any],
-        num_inference_steps: int,
-        guidance_scale: float,
-        generator: torch.Generator | None,
-        timesteps: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Differentiable ``G(z)``: noise ``[B, 4, h, w]`` -> images ``[B, 3, H, W]`` in [0, 1]."""
-        sample = _unet_sample(
-            self, noise, conditioning, num_inference_steps, guidance_scale, generator, timesteps
-        )
-        return _decode_kl(self.vae, sample)
 
 
 class ReNOFluxPipeline(_ReNOMixin, FluxPipeline):

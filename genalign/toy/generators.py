@@ -433,6 +433,36 @@ def train_vae(
 # -- toy-sd -----------------------------------------------------------------------------------------
 
 
+def _finish_sd_layout(
+    pipeline_class, vae, text_encoder, tokenizer, unet, scheduler, done: int, log: _Log, start: float, out
+) -> tuple[Any, dict[str, Any]]:
+    """Assemble an SD-layout pipeline (toy-sd, toy-lcm), describe its training, save it if asked."""
+    pipe = pipeline_class(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    info = {
+        "steps": done,
+        "loss_history": log.history,
+        "train_seconds": round(time.time() - start, 1),
+        "parameters": {
+            "unet": parameter_count(unet),
+            "text_encoder": parameter_count(text_encoder),
+            "vae": parameter_count(vae),
+        },
+    }
+    if out is not None:
+        pipe.save_pretrained(str(out))
+    return pipe, info
+
+
 def train_sd(
     vae,
     out: str | Path | None = None,
@@ -512,30 +542,10 @@ def train_sd(
             print(f"[toy-sd] stopping at step {done}: {max_minutes} minutes", flush=True)
             break
     text_encoder, unet = ema.modules
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
+    scheduler = DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    return _finish_sd_layout(
+        StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, scheduler, done, log, start, out
     )
-    pipe.set_progress_bar_config(disable=True)
-    info = {
-        "steps": done,
-        "loss_history": log.history,
-        "train_seconds": round(time.time() - start, 1),
-        "parameters": {
-            "unet": parameter_count(unet),
-            "text_encoder": parameter_count(text_encoder),
-            "vae": parameter_count(vae),
-        },
-    }
-    if out is not None:
-        pipe.save_pretrained(str(out))
-    return pipe, info
 
 
 # -- toy-lcm ----------------------------------------------------------------------------------------
@@ -694,30 +704,18 @@ def train_lcm(
         original_inference_steps=num_ddim_timesteps,
         timestep_scaling=10.0,
     )
-    pipe = LatentConsistencyModelPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=target,
-        scheduler=lcm_scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
+    return _finish_sd_layout(
+        LatentConsistencyModelPipeline,
+        vae,
+        text_encoder,
+        tokenizer,
+        target,
+        lcm_scheduler,
+        done,
+        log,
+        start,
+        out,
     )
-    pipe.set_progress_bar_config(disable=True)
-    info = {
-        "steps": done,
-        "loss_history": log.history,
-        "train_seconds": round(time.time() - start, 1),
-        "parameters": {
-            "unet": parameter_count(target),
-            "text_encoder": parameter_count(text_encoder),
-            "vae": parameter_count(vae),
-        },
-    }
-    if out is not None:
-        pipe.save_pretrained(str(out))
-    return pipe, info
 
 
 # -- toy-flow ---------------------------------------------------------------------------------------
