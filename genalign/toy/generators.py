@@ -65,6 +65,7 @@ __all__ = [
     "IMAGE_SIZE",
     "build_sd3_transformer",
     "build_text_encoder",
+    "add_text_pooling",
     "build_unet",
     "build_vae",
     "eval_prompts",
@@ -197,10 +198,17 @@ def build_unet(
     block_out_channels: Sequence[int] = (32, 64),
     cross_attention_dim: int = 64,
     time_cond_proj_dim: int | None = None,
+    text_pooling: bool = True,
 ):
     """A two-level ``UNet2DConditionModel`` (12 x 12 and 6 x 6) with self- and cross-attention
     (2 heads) at the lower level and in the middle block; ``time_cond_proj_dim`` adds LCM's
-    guidance-scale input."""
+    guidance-scale input.
+
+    ``text_pooling`` adds diffusers' ``addition_embed_type="text"``: an attention-pooled summary
+    of the prompt embedding is added to the timestep embedding (the global text conditioning of
+    unCLIP/DeepFloyd IF's UNets), so every ResNet block, not only the 6 x 6 cross-attention, sees
+    the prompt. It needs no extra pipeline input, so the stock ``StableDiffusionPipeline`` runs
+    it; on this tiny UNet it is what makes colour and shape follow the prompt."""
     from diffusers import UNet2DConditionModel
 
     return UNet2DConditionModel(
@@ -215,7 +223,29 @@ def build_unet(
         attention_head_dim=2,  # diffusers' legacy name: the number of heads
         cross_attention_dim=cross_attention_dim,
         time_cond_proj_dim=time_cond_proj_dim,
+        **({"addition_embed_type": "text", "addition_embed_type_num_heads": 4} if text_pooling else {}),
     )
+
+
+def add_text_pooling(unet):
+    """``unet`` with :func:`build_unet`'s ``text_pooling`` added, as a function-preserving
+    extension: every existing weight is copied and the pooled embedding's output LayerNorm starts
+    with zero gain, so the new branch adds exactly zero until training moves that gain (a zero
+    gain, unlike a zero projection before the LayerNorm, keeps the gradients well scaled)."""
+    from diffusers import UNet2DConditionModel
+
+    if unet.config.addition_embed_type == "text":
+        return unet
+    if unet.config.addition_embed_type is not None:
+        raise ValueError(f"the UNet already has addition_embed_type={unet.config.addition_embed_type!r}")
+    extended = UNet2DConditionModel.from_config(
+        dict(unet.config), addition_embed_type="text", addition_embed_type_num_heads=4
+    )
+    missing, unexpected = extended.load_state_dict(unet.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("add_embedding.") for name in missing):
+        raise RuntimeError(f"UNet extension mismatch: missing {missing}, unexpected {unexpected}")
+    torch.nn.init.zeros_(extended.add_embedding.norm2.weight)
+    return extended.to(unet.device, unet.dtype)
 
 
 def build_sd3_transformer(
@@ -479,18 +509,26 @@ def train_sd(
     log_every: int = 200,
     max_minutes: float | None = None,
     init: str | Path | None = None,
+    text_pooling: bool = True,
+    snapshot_every: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the text encoder and UNet jointly from scratch on VAE latents of renders
-    (or, with ``init``, continue from a saved toy-sd folder's text encoder and UNet).
+    (or, with ``init``, continue from a saved toy-sd folder's text encoder and UNet; with
+    ``text_pooling`` a UNet without it is extended by :func:`add_text_pooling`).
 
     Loss: DDPM's L_simple, ``|| eps - eps_theta(sqrt(a_t) z_0 + sqrt(1 - a_t) eps, t, c) ||^2``
     with ``t`` uniform over the 1000 training steps of SD's scaled-linear schedule (Ho et al.
     2020, eq. 14). With probability ``caption_dropout`` the caption is replaced by the empty
     prompt, which is what the pipeline encodes as the unconditional branch of classifier-free
     guidance (Ho & Salimans 2022, Algorithm 1). The saved weights are the EMA of both modules.
-    ``max_minutes`` stops early (the schedule still assumes ``steps``). Returns ``(pipeline, info)``.
+    ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
+    the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
+    evaluated while it trains. Returns ``(pipeline, info)``.
     """
     from diffusers import DDIMScheduler, DDPMScheduler, StableDiffusionPipeline
+
+    def sampler():
+        return DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
 
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
@@ -500,12 +538,16 @@ def train_sd(
     empty_ids = _tokenize(tokenizer, [""])[0]
     if init is None:
         text_encoder = build_text_encoder(tokenizer, text_hidden, text_layers)
-        unet = build_unet(latents.shape[-1], unet_channels, cross_attention_dim=text_hidden)
+        unet = build_unet(
+            latents.shape[-1], unet_channels, cross_attention_dim=text_hidden, text_pooling=text_pooling
+        )
     else:
         start_from = StableDiffusionPipeline.from_pretrained(
             str(init), safety_checker=None, feature_extractor=None
         )
         text_encoder, unet = start_from.text_encoder, start_from.unet
+        if text_pooling:
+            unet = add_text_pooling(unet)
     noise_scheduler = DDPMScheduler(**SD_BETAS, clip_sample=False)
     alphas_cumprod = noise_scheduler.alphas_cumprod
     params = [*text_encoder.parameters(), *unet.parameters()]
@@ -538,13 +580,25 @@ def train_sd(
         ema.update(min(ema_decay, (1 + step) / (10 + step)))
         log(step, loss.item())
         done = step + 1
+        if snapshot_every and out is not None and done % snapshot_every == 0:
+            _finish_sd_layout(
+                StableDiffusionPipeline,
+                vae,
+                *ema.modules[:1],
+                tokenizer,
+                ema.modules[1],
+                sampler(),
+                done,
+                log,
+                start,
+                Path(out) / "snapshot",
+            )
         if max_minutes is not None and time.time() - start > 60 * max_minutes:
             print(f"[toy-sd] stopping at step {done}: {max_minutes} minutes", flush=True)
             break
     text_encoder, unet = ema.modules
-    scheduler = DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
     return _finish_sd_layout(
-        StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, scheduler, done, log, start, out
+        StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler(), done, log, start, out
     )
 
 
@@ -817,8 +871,10 @@ def train_flow(
     text_hidden: int = 64,
     log_every: int = 200,
     max_minutes: float | None = None,
+    init: str | Path | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Train an SD3-architecture pipeline from scratch with the rectified-flow loss.
+    """Train an SD3-architecture pipeline from scratch with the rectified-flow loss (or, with
+    ``init``, continue from a saved toy-flow folder: its encoders, transformer and latent shift).
 
     ``z_t = (1 - t) z_0 + t eps`` and the transformer predicts the velocity ``eps - z_0``
     (Esser et al. 2024, eqs. 1-3 with the rectified-flow choice a_t = 1 - t, b_t = t, i.e. the
@@ -834,17 +890,31 @@ def train_flow(
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
     images, captions = toy_dataset(num_images, seed=seed + 3000)
-    raw = _encode_latents(vae, images)
-    vae = flow_vae(vae, raw)
+    if init is not None:
+        start_from = StableDiffusion3Pipeline.from_pretrained(
+            str(init), text_encoder_3=None, tokenizer_3=None
+        )
+        vae = start_from.vae
+        encoders = [start_from.text_encoder, start_from.text_encoder_2]
+        transformer = start_from.transformer
+        raw = _encode_latents(vae, images)
+    else:
+        raw = _encode_latents(vae, images)
+        vae = flow_vae(vae, raw)
+        projection = 32
+        encoders = [
+            build_text_encoder(tokenizer, text_hidden, 2, projection_dim=projection) for _ in range(2)
+        ]
+        transformer = build_sd3_transformer(
+            raw.shape[-1],
+            num_layers,
+            joint_attention_dim=2 * text_hidden,
+            pooled_projection_dim=2 * projection,
+        )
+    joint = transformer.config.joint_attention_dim
     latents = (raw - vae.config.shift_factor) * vae.config.scaling_factor
     ids = _tokenize(tokenizer, captions)
     empty_ids = _tokenize(tokenizer, [""])[0]
-    projection = 32
-    encoders = [build_text_encoder(tokenizer, text_hidden, 2, projection_dim=projection) for _ in range(2)]
-    joint = 2 * text_hidden
-    transformer = build_sd3_transformer(
-        latents.shape[-1], num_layers, joint_attention_dim=joint, pooled_projection_dim=2 * projection
-    )
     modules = [*encoders, transformer]
     params = [p for m in modules for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
@@ -1104,7 +1174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
     parser.add_argument("--vae", help="trained VAE folder (toy-sd, toy-flow)")
     parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
-    parser.add_argument("--init", help="toy-sd: continue training from this toy-sd folder")
+    parser.add_argument(
+        "--init", help="toy-sd / toy-flow: continue training from this folder of the same kind"
+    )
     parser.add_argument("--family", choices=FAMILIES, help="eval: the model family")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int)
@@ -1116,6 +1188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ema-decay", type=float, help="EMA of the saved weights (toy-sd, toy-flow; LCD target)"
     )
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
+    )
     parser.add_argument("--eval-steps", type=int)
     parser.add_argument("--eval-guidance", type=float)
     parser.add_argument("--eval-seed", type=int, default=0)
@@ -1157,7 +1232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "toy-sd":
         vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-sd needs --vae"))
         vae_info = json.loads((Path(args.vae) / "training.json").read_text())
-        _, info = train_sd(vae, out, init=args.init, **extra)
+        _, info = train_sd(vae, out, init=args.init, snapshot_every=args.snapshot_every, **extra)
         family, name = "sd", "toy-sd"
         description = (
             "A small Stable Diffusion 1.x-architecture text-to-image model of the toy world (48 px), "
@@ -1201,14 +1276,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-flow needs --vae"))
         vae_info = json.loads((Path(args.vae) / "training.json").read_text())
-        _, info = train_flow(vae, out, **extra)
+        _, info = train_flow(vae, out, init=args.init, **extra)
+        if args.init:
+            info["train_seconds"] += json.loads((Path(args.init) / "card.json").read_text())["train_seconds"]
         family, name = "flow", "toy-flow"
         description = (
             "A small Stable Diffusion 3-architecture (MMDiT, two CLIP encoders, no T5) rectified-flow model "
             "of the toy world (48 px), trained from scratch; it shares toy-sd's VAE (with a latent shift)."
         )
         load = f'StableDiffusion3Pipeline.from_pretrained("assets/models/{name}", text_encoder_3=None, tokenizer_3=None)'
-        commands = [vae_info["command"], _command_line()]
+        commands = [
+            *(_previous_commands(Path(args.init)) if args.init else [vae_info["command"]]),
+            _command_line(),
+        ]
         data = "renders of train prompts only plus 15% random layouts captioned '' (48 px, skia)."
         train = (
             f"{info['steps']} steps, batch {args.batch_size}, AdamW, rectified flow (velocity) loss with "

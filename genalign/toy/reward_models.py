@@ -681,6 +681,14 @@ class VlmRecipe:
     warmup: int = 100
     task_mix: tuple[float, float, float] = (0.5, 0.25, 0.25)  # yes/no, comparative, rating
     render_48_probability: float = 0.4
+    # a toy-clip folder whose image tower (converted to the transformers layout) starts the vision
+    # tower; its architecture then replaces image_size/patch_size/vision_*
+    vision_init: str | None = None
+    # the vision tower's learning rate relative to ``lr``; 0 freezes it, as LLaVA keeps its CLIP
+    # encoder frozen (Liu et al. 2023). Training a tower jointly from the first step lets it collapse
+    # to image-independent features while the LM fits the answer prior (measured: a from-scratch or
+    # trainable toy-clip tower stays at chance on every task; frozen toy-clip learns).
+    vision_lr_scale: float = 1.0
     log_every: int = 25
     max_minutes: float | None = None  # wall-clock budget of the training loop (None: steps only)
 
@@ -738,8 +746,64 @@ def vlm_tokenizer(vocab_size: int = 640):
     )
 
 
+def _open_clip_vision(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A saved toy-clip folder's ``vision_cfg`` and its image tower's weights (``visual.*``)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config_file, weights_file = folder / "open_clip_config.json", folder / "open_clip_model.safetensors"
+    for required in (config_file, weights_file):
+        if not required.is_file():
+            raise FileNotFoundError(
+                f"vision_init {str(folder)!r} is not a toy-clip folder: {required.name} missing"
+            )
+    config = json.loads(config_file.read_text(encoding="utf-8"))["model_cfg"]
+    weights = {
+        k[len("visual.") :]: v for k, v in load_file(str(weights_file)).items() if k.startswith("visual.")
+    }
+    return config["vision_cfg"], weights
+
+
+def open_clip_vision_to_transformers(
+    weights: dict[str, torch.Tensor], layers: int
+) -> dict[str, torch.Tensor]:
+    """open_clip ``VisionTransformer`` weights renamed (and the fused q/k/v split) into the layout of
+    transformers' ``CLIPVisionModel.vision_model``. The final ``proj`` is dropped: LLaVA reads the
+    last layer's patch tokens, before ``ln_post`` and the projection."""
+    out = {
+        "embeddings.patch_embedding.weight": weights["conv1.weight"],
+        "embeddings.class_embedding": weights["class_embedding"],
+        "embeddings.position_embedding.weight": weights["positional_embedding"],
+        "pre_layrnorm.weight": weights["ln_pre.weight"],
+        "pre_layrnorm.bias": weights["ln_pre.bias"],
+        "post_layernorm.weight": weights["ln_post.weight"],
+        "post_layernorm.bias": weights["ln_post.bias"],
+    }
+    names = {
+        "ln_1": "layer_norm1",
+        "ln_2": "layer_norm2",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+        "attn.out_proj": "self_attn.out_proj",
+    }
+    for i in range(layers):
+        source, target = f"transformer.resblocks.{i}.", f"encoder.layers.{i}."
+        for old, new in names.items():
+            for kind in ("weight", "bias"):
+                out[f"{target}{new}.{kind}"] = weights[f"{source}{old}.{kind}"]
+        for kind in ("weight", "bias"):
+            q, k, v = weights[f"{source}attn.in_proj_{kind}"].chunk(3)
+            out[f"{target}self_attn.q_proj.{kind}"] = q
+            out[f"{target}self_attn.k_proj.{kind}"] = k
+            out[f"{target}self_attn.v_proj.{kind}"] = v
+    return out
+
+
 def build_vlm(recipe: VlmRecipe):
-    """A freshly initialised LLaVA model and its processor (tokenizer, image processor, chat template)."""
+    """A freshly initialised LLaVA model and its processor (tokenizer, image processor, chat template).
+
+    With ``recipe.vision_init`` (a toy-clip folder) the vision tower takes toy-clip's image-tower
+    architecture and weights, as LLaVA starts from a pretrained CLIP encoder (Liu et al. 2023)."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -752,6 +816,23 @@ def build_vlm(recipe: VlmRecipe):
     from genalign.tiny.language import CLIP_IMAGE_MEAN, CLIP_IMAGE_STD, IMAGE_TOKEN
     from genalign.tiny.tokenizers import QWEN_STYLE_CHAT_TEMPLATE
 
+    vision_weights = None
+    if recipe.vision_init is not None:
+        vision_cfg, clip_weights = _open_clip_vision(recipe.vision_init)
+        if vision_cfg.get("width", 0) % vision_cfg.get("head_width", 64):
+            raise ValueError(f"toy-clip vision width is not a multiple of its head width: {vision_cfg}")
+        recipe = replace(
+            recipe,
+            image_size=int(vision_cfg["image_size"]),
+            patch_size=int(vision_cfg["patch_size"]),
+            vision_width=int(vision_cfg["width"]),
+            vision_layers=int(vision_cfg["layers"]),
+            vision_heads=int(vision_cfg["width"]) // int(vision_cfg.get("head_width", 64)),
+        )
+        vision_act = "quick_gelu" if vision_cfg.get("quick_gelu") else "gelu"
+        vision_weights = open_clip_vision_to_transformers(clip_weights, recipe.vision_layers)
+    else:
+        vision_act = "quick_gelu"
     if recipe.image_size % recipe.patch_size:
         raise ValueError(
             f"image_size {recipe.image_size} must be a multiple of patch_size {recipe.patch_size}"
@@ -779,7 +860,7 @@ def build_vlm(recipe: VlmRecipe):
             num_hidden_layers=recipe.vision_layers,
             num_attention_heads=recipe.vision_heads,
             projection_dim=recipe.vision_width,
-            hidden_act="quick_gelu",
+            hidden_act=vision_act,
         ),
         text_config=text_config,
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
@@ -791,6 +872,14 @@ def build_vlm(recipe: VlmRecipe):
     )
     torch.manual_seed(recipe.seed)
     model = LlavaForConditionalGeneration(config)
+    if vision_weights is not None:
+        tower = getattr(model, "model", model).vision_tower  # transformers 5 nests it under .model
+        tower = getattr(tower, "vision_model", tower)  # a CLIPVisionModel wraps the transformer
+        missing, unexpected = tower.load_state_dict(vision_weights, strict=False)
+        if unexpected or [name for name in missing if "position_ids" not in name]:
+            raise RuntimeError(
+                f"toy-clip -> CLIPVisionModel mismatch: missing {missing}, unexpected {unexpected}"
+            )
     model.generation_config.eos_token_id = [
         tokenizer.convert_tokens_to_ids("<|im_end|>"),
         tokenizer.eos_token_id,
@@ -921,13 +1010,29 @@ def train_vlm(
     judge = VLMJudge(model, processor, batch_size=recipe.batch_size)
     tasks = VlmTasks(judge)
     model.train().requires_grad_(True)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=(0.9, 0.98),
-    )
+    if recipe.vision_lr_scale < 0:
+        raise ValueError(f"vision_lr_scale must be >= 0, got {recipe.vision_lr_scale}")
+    groups = []
+    for vision in (False, True):
+        named = [(n, p) for n, p in model.named_parameters() if ("vision_tower" in n) == vision]
+        scale = recipe.vision_lr_scale if vision else 1.0
+        if scale == 0:
+            for _, param in named:
+                param.requires_grad_(False)
+            continue
+        groups += [
+            {
+                "params": [p for n, p in named if p.ndim >= 2 and "embed" not in n],
+                "weight_decay": recipe.weight_decay,
+                "lr_scale": scale,
+            },
+            {
+                "params": [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)],
+                "weight_decay": 0.0,
+                "lr_scale": scale,
+            },
+        ]
+    optimizer = torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.98))
     mix = np.asarray(recipe.task_mix, dtype=float)
     mix = mix / mix.sum()
     losses: list[float] = []
@@ -936,7 +1041,7 @@ def train_vlm(
         if progress >= 1:
             break
         for group in optimizer.param_groups:
-            group["lr"] = recipe.lr * _lr_factor(step, progress, recipe.warmup)
+            group["lr"] = recipe.lr * group["lr_scale"] * _lr_factor(step, progress, recipe.warmup)
         texts, images, answers = [], [], []
         while len(texts) < recipe.batch_size:
             example = _vlm_example(bank, recipe, rng, tasks, int(rng.choice(3, p=mix)))
@@ -1403,6 +1508,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--evaluate-only", action="store_true", help="re-evaluate a trained folder and rewrite its card"
     )
+    parser.add_argument(
+        "--vision-init", help="toy-vlm: a toy-clip folder whose image tower starts the vision tower"
+    )
+    parser.add_argument(
+        "--vision-lr-scale", type=float, help="toy-vlm: the vision tower's lr relative to the rest"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -1411,6 +1522,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --steps {args.steps}"
     if args.max_minutes is not None:
         command += f" --max-minutes {args.max_minutes:g}"
+    vlm_options = {}
+    if args.vision_init is not None:
+        vlm_options["vision_init"] = args.vision_init
+        command += f" --vision-init {args.vision_init}"
+    if args.vision_lr_scale is not None:
+        vlm_options["vision_lr_scale"] = args.vision_lr_scale
+        command += f" --vision-lr-scale {args.vision_lr_scale:g}"
+    if vlm_options and args.model != "toy-vlm":
+        parser.error("--vision-init and --vision-lr-scale apply to toy-vlm only")
     recipe_type = ClipRecipe if args.model == "toy-clip" else VlmRecipe
     if args.evaluate_only:
         card = json.loads((out / "card.json").read_text(encoding="utf-8"))
@@ -1419,7 +1539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         recipe = recipe_type(seed=args.seed)
         recipe = replace(recipe, steps=args.steps) if args.steps is not None else recipe
-        recipe = replace(recipe, max_minutes=args.max_minutes)
+        recipe = replace(recipe, max_minutes=args.max_minutes, **vlm_options)
         if args.model == "toy-clip":
             model, training = train_clip(recipe)
             save_clip(model, recipe, out)

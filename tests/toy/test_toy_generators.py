@@ -15,7 +15,9 @@ from genalign.toy import all_prompts
 from genalign.toy.generators import (
     IMAGE_SIZE,
     RepeatedTokenJointAttention,
+    add_text_pooling,
     build_sd3_transformer,
+    build_unet,
     evaluate_generator,
     guidance_scale_embedding,
     lcm_boundary_scalings,
@@ -153,13 +155,71 @@ def test_sd_training_lowers_loss(tiny_vae):
     assert type(lcm.scheduler).__name__ == "LCMScheduler" and lcm.unet.config.time_cond_proj_dim == 64
 
 
-def test_flow_training_lowers_loss(tiny_vae):
+def test_flow_training_lowers_loss(tiny_vae, tmp_path):
     vae, _ = tiny_vae
     pipe, info = train_flow(
-        vae, steps=20, batch_size=8, lr=2e-3, num_images=32, num_layers=1, text_hidden=32, log_every=10
+        vae,
+        tmp_path / "flow",
+        steps=20,
+        batch_size=8,
+        lr=2e-3,
+        num_images=32,
+        num_layers=1,
+        text_hidden=32,
+        log_every=10,
     )
     assert info["loss_history"][-1] < info["loss_history"][0]
     assert pipe.vae.config.shift_factor is not None
+    # continuing from the saved folder starts from its weights and keeps its latent shift
+    resumed, _ = train_flow(
+        vae, steps=1, batch_size=2, lr=0.0, num_images=4, log_every=10, init=tmp_path / "flow"
+    )
+    assert resumed.vae.config.shift_factor == pipe.vae.config.shift_factor
+    for name, value in pipe.transformer.state_dict().items():
+        assert torch.equal(resumed.transformer.state_dict()[name], value), name
+
+
+def test_sd_training_continues_from_a_folder_and_adds_text_pooling(tiny_vae, tmp_path):
+    vae, _ = tiny_vae
+    common = dict(batch_size=2, num_images=4, unet_channels=(16, 32), text_hidden=32, log_every=10)
+    plain, _ = train_sd(vae, tmp_path / "sd", steps=2, lr=1e-3, text_pooling=False, **common)
+    assert plain.unet.config.addition_embed_type is None
+    extended, _ = train_sd(
+        vae, tmp_path / "sd2", steps=1, lr=0.0, init=tmp_path / "sd", snapshot_every=1, **common
+    )
+    assert extended.unet.config.addition_embed_type == "text"
+    assert (tmp_path / "sd2" / "snapshot" / "model_index.json").is_file()
+    z, t = torch.randn(1, 4, 12, 12), torch.tensor([300])
+    text = plain.text_encoder(
+        plain.tokenizer(["a photo of a red circle"], padding="max_length", return_tensors="pt").input_ids
+    )[0]
+    with torch.no_grad():  # lr 0: the extension is exact, so the continued model equals the saved one
+        assert torch.allclose(
+            extended.unet(z, t, encoder_hidden_states=text).sample,
+            plain.unet(z, t, encoder_hidden_states=text).sample,
+            atol=1e-6,
+        )
+
+
+def test_text_pooling_extension_preserves_the_function_then_learns():
+    """add_text_pooling copies every weight and starts the pooled branch at exactly zero, and the
+    branch gets a gradient (through the zero LayerNorm gain) so training can turn it on."""
+    torch.manual_seed(0)
+    plain = build_unet(12, (16, 32), cross_attention_dim=32, text_pooling=False)
+    extended = add_text_pooling(plain)
+    assert extended.config.addition_embed_type == "text" and plain.config.addition_embed_type is None
+    assert add_text_pooling(extended) is extended
+    z, t, text = torch.randn(3, 4, 12, 12), torch.tensor([5, 400, 990]), torch.randn(3, 6, 32)
+    with torch.no_grad():
+        before = plain(z, t, encoder_hidden_states=text).sample
+    after = extended(z, t, encoder_hidden_states=text).sample
+    assert torch.equal(before, after)
+    after.pow(2).mean().backward()
+    gain = extended.add_embedding.norm2.weight.grad
+    assert gain is not None and gain.abs().sum() > 0
+    # a UNet built with the branch from the start has a non-zero one: the prompt changes the timestep embedding
+    fresh = build_unet(12, (16, 32), cross_attention_dim=32)
+    assert fresh.add_embedding(text).abs().sum() > 0
 
 
 # -- shipped models ------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from genalign.toy.reward_models import (
     load_toy_reward,
     multi_positive_info_nce,
     one_attribute_variants,
+    open_clip_vision_to_transformers,
+    save_clip,
     save_vlm,
     subset_indices,
     train_clip,
@@ -189,6 +191,42 @@ def test_vlm_training_decreases_the_loss(tiny_bank):
     _, _, log = train_vlm(recipe, tiny_bank)
     losses = log["losses"]
     assert len(losses) == 10 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+
+
+def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
+    """vision_init converts an open_clip image tower into the LLaVA vision tower exactly: the
+    converted tower's pooled CLS, through open_clip's projection, is open_clip's image embedding."""
+    clip_recipe = ClipRecipe(
+        image_size=24, patch_size=8, vision_width=32, vision_layers=2, vision_head_width=16, text_width=32,
+        text_heads=2, text_layers=1, context_length=16, embed_dim=16,
+    )  # fmt: skip
+    clip, _, _ = build_clip(clip_recipe)
+    clip.eval()
+    with torch.no_grad():  # save_clip stores float16: compare against the weights as stored
+        for param in clip.parameters():
+            param.copy_(param.half().float())
+    folder = save_clip(clip, clip_recipe, tmp_path / "clip")
+    recipe = VlmRecipe(
+        hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1, vision_init=str(folder)
+    )
+    model, processor = build_vlm(recipe)
+    tower = model.model.vision_tower
+    tower = getattr(tower, "vision_model", tower)
+    assert model.config.vision_config.image_size == 24 and model.config.vision_config.patch_size == 8
+    assert model.config.vision_config.num_attention_heads == 2
+    assert processor.image_processor.size["shortest_edge"] == 24
+    pixels = torch.randn(2, 3, 24, 24)
+    with torch.no_grad():
+        expected = clip.encode_image(pixels)
+        ours = tower(pixel_values=pixels).pooler_output @ clip.visual.proj
+    assert torch.allclose(ours, expected, atol=1e-5)
+    # the renaming covers every tensor of the tower but the final projection
+    converted = open_clip_vision_to_transformers(
+        {k[len("visual.") :]: v for k, v in clip.state_dict().items() if k.startswith("visual.")}, layers=2
+    )
+    assert set(converted) == {k for k in tower.state_dict() if "position_ids" not in k}
+    with pytest.raises(FileNotFoundError, match="not a toy-clip folder"):
+        build_vlm(VlmRecipe(vision_init=str(tmp_path)))
 
 
 # -- the shipped models -----------------------------------------------------------------------------------------
