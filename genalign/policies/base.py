@@ -57,6 +57,14 @@ class LoraSpec:
         )
 
 
+def looks_like_local_path(path: str | Path) -> bool:
+    """A path that cannot be a hub id ``organisation/name``: absolute, relative with ``./``,
+    ``../`` or ``~``, or with more than one separator. Such a path that does not exist is a missing
+    folder, which deserves that error rather than the hub's "could not connect"."""
+    text = str(path)
+    return text.startswith(("/", "./", "../", "~")) or "\\" in text or text.count("/") >= 2
+
+
 def check_model_folder(path: str | Path) -> None:
     """Fail early, naming the file, when a local diffusers pipeline folder is incomplete."""
     root = Path(path)
@@ -193,6 +201,10 @@ class DiffusionPolicy(torch.nn.Module):
     def load_pipeline(cls, path: str | Path, **kwargs: Any) -> Any:
         if Path(path).exists():
             check_model_folder(path)
+        elif looks_like_local_path(path):
+            raise FileNotFoundError(
+                f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
+            )
         from diffusers import DiffusionPipeline
 
         # Components saved as null (SD3 without T5, a pipeline without safety checker) must be

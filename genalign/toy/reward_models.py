@@ -837,6 +837,9 @@ def build_vlm(recipe: VlmRecipe):
         raise ValueError(
             f"image_size {recipe.image_size} must be a multiple of patch_size {recipe.patch_size}"
         )
+    # A contrastive tower trains only its CLS token's last layer (the patch tokens of that layer
+    # never reach the loss), so a toy-clip tower hands the LM its CLS token too ("full").
+    strategy = "full" if vision_weights is not None else "default"
     tokenizer = vlm_tokenizer(recipe.vocab_size)
     text_config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -864,9 +867,9 @@ def build_vlm(recipe: VlmRecipe):
         ),
         text_config=text_config,
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        image_seq_length=(recipe.image_size // recipe.patch_size) ** 2,
+        image_seq_length=(recipe.image_size // recipe.patch_size) ** 2 + (strategy == "full"),
         projector_hidden_act="gelu",
-        vision_feature_select_strategy="default",
+        vision_feature_select_strategy=strategy,
         vision_feature_layer=-1,
         tie_word_embeddings=True,
     )
@@ -897,7 +900,7 @@ def build_vlm(recipe: VlmRecipe):
         image_processor=image_processor,
         tokenizer=tokenizer,
         patch_size=recipe.patch_size,
-        vision_feature_select_strategy="default",
+        vision_feature_select_strategy=strategy,
         num_additional_image_tokens=1,
         image_token=IMAGE_TOKEN,
         chat_template=QWEN_STYLE_CHAT_TEMPLATE,
