@@ -1069,7 +1069,9 @@ def evaluate_generator(
 
 
 def folder_megabytes(path: str | Path) -> float:
-    return round(sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 2**20, 2)
+    """Size of a model folder, without a training run's ``snapshot`` sub-folder (not shipped)."""
+    files = [f for f in Path(path).rglob("*") if f.is_file() and "snapshot" not in f.relative_to(path).parts]
+    return round(sum(f.stat().st_size for f in files) / 2**20, 2)
 
 
 def write_card(out: str | Path, card: dict[str, Any]) -> None:
@@ -1161,6 +1163,26 @@ def _evaluations(path: Path, family: str, args: argparse.Namespace) -> dict[str,
     return {"eval": full, "eval_subset": subset}
 
 
+TRAIN_EVAL = "train prompts (16 per category, 2 images each)"
+
+
+def _train_evaluation(path: Path, family: str, args: argparse.Namespace, steps: int | None = None):
+    """ShapesEval on train prompts: what the model renders for captions it was trained on (the
+    single-object and colour categories are only in this split)."""
+    result = evaluate_generator(
+        path,
+        family,
+        split="train",
+        per_category=16,
+        num_per_prompt=2,
+        seed=args.eval_seed,
+        steps=args.eval_steps if steps is None else steps,
+        guidance=args.eval_guidance,
+    )
+    print(f"[{family}] train prompts overall {result['overall']:.3f} {result['per_category']}", flush=True)
+    return result
+
+
 def _previous_commands(out: Path) -> list[str]:
     card = out / "card.json"
     return json.loads(card.read_text())["commands"] if card.exists() else []
@@ -1170,7 +1192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m genalign.toy.generators", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "eval"])
+    parser.add_argument("what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "eval", "card"])
     parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
     parser.add_argument("--vae", help="trained VAE folder (toy-sd, toy-flow)")
     parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
@@ -1213,6 +1235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "training.json").write_text(json.dumps(dict(info, command=_command_line()), indent=2) + "\n")
         print(json.dumps({k: v for k, v in info.items() if k != "loss_history"}))
         return 0
+    if args.what == "card":  # add the train-prompt evaluation to a trained model's card
+        card = json.loads((out / "card.json").read_text())
+        eval_settings = card["eval"]["settings"]
+        args.eval_steps, args.eval_guidance = eval_settings["steps"], eval_settings["guidance"]
+        card.setdefault("extra_evals", {})[TRAIN_EVAL] = _train_evaluation(out, card["family"], args)
+        write_card(out, card)
+        return 0
     if args.what == "eval":
         if args.family is None:
             parser.error("eval needs --family")
@@ -1240,17 +1269,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         load = f'StableDiffusionPipeline.from_pretrained("assets/models/{name}")'
         commands = [*(_previous_commands(Path(args.init)) or [vae_info["command"]]), _command_line()]
+        stage_seconds, total_steps = info["train_seconds"], info["steps"]
         if args.init:
-            info["train_seconds"] += json.loads((Path(args.init) / "card.json").read_text())["train_seconds"]
+            previous = json.loads((Path(args.init) / "card.json").read_text())
+            info["train_seconds"] += previous["train_seconds"]
+            total_steps += previous.get("total_train_steps", previous["train_steps"])
+        info["total_train_steps"] = total_steps
         data = (
-            f"{info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} renders "
-            "(48 px, skia): train prompts only (category uniform) plus 15% random layouts captioned ''; "
+            f"this stage {info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} "
+            "renders (48 px, skia): train prompts only (category uniform) plus 15% random layouts captioned ''; "
             f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
         )
         train = (
-            f"VAE {len(vae_info['loss_history']) * 100} steps; text encoder + UNet {info['steps']} steps, batch "
-            f"{args.batch_size}, AdamW, epsilon loss, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s "
-            "on one CPU thread."
+            f"VAE {len(vae_info['loss_history']) * 100} steps; text encoder + UNet {total_steps} steps over "
+            f"{len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
+            f"{stage_seconds:.0f} s), AdamW, epsilon loss, caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
+            f"{info['train_seconds']:.0f} s in all on one CPU thread. The UNet adds the attention-pooled prompt "
+            "to its timestep embedding (`addition_embed_type: text`); a stage continued from weights without it "
+            "adds it as an exact extension (`add_text_pooling`)."
         )
     elif args.what == "toy-lcm":
         teacher = StableDiffusionPipeline.from_pretrained(
@@ -1295,7 +1331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s on one CPU thread."
         )
     evals = _evaluations(out, family, args)
-    extra_evals = {}
+    extra_evals = {TRAIN_EVAL: _train_evaluation(out, family, args)}
     if family == "consistency":
         for k in (1, 2):
             extra_evals[f"{k} step{'s' if k > 1 else ''}"] = evaluate_generator(
@@ -1317,6 +1353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "parameters": info["parameters"],
         "train_seconds": info["train_seconds"],
         "train_steps": info["steps"],
+        **({"total_train_steps": info["total_train_steps"]} if "total_train_steps" in info else {}),
         "loss_history": info["loss_history"],
         **evals,
         "extra_evals": extra_evals,

@@ -607,7 +607,7 @@ def train_clip(
         optimizer.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))  # CLIP's cap on the temperature
-        losses.append(float(loss.detach()))
+        losses.append(float(answer_loss.detach()))
         if recipe.log_every and step % recipe.log_every == 0:
             log(
                 f"toy-clip step {step} loss {loss:.4f} {parts} scale {float(model.logit_scale.exp()):.1f} ({time.time() - start:.0f}s)"
@@ -689,6 +689,11 @@ class VlmRecipe:
     # to image-independent features while the LM fits the answer prior (measured: a from-scratch or
     # trainable toy-clip tower stays at chance on every task; frozen toy-clip learns).
     vision_lr_scale: float = 1.0
+    # LLaVA's feature-alignment task (Liu et al. 2023, stage 1): "Describe this image." answered
+    # with the scene's caption, a loss on every caption token. It hands the LM dense, word-level
+    # supervision of what the image shows; the one-token tasks alone left it at the answer priors.
+    caption_weight: float = 0.0
+    caption_batch_size: int = 8
     log_every: int = 25
     max_minutes: float | None = None  # wall-clock budget of the training loop (None: steps only)
 
@@ -944,6 +949,32 @@ class VlmTasks:
         question, prefix = self.templates["rating"]
         return self.judge.render([self.judge.message("user", question, images=1)], prefix)
 
+    def description(self, caption: str) -> tuple[str, int]:
+        """The captioning chat answered with ``caption``: (full text, number of answer tokens at
+        its end, the closing ``<|im_end|>`` included)."""
+        prompt = self.judge.render([self.judge.message("user", CAPTION_QUESTION, images=1)])
+        answer = caption + "<|im_end|>"
+        return prompt + answer, len(self.judge.tokenizer.encode(answer, add_special_tokens=False))
+
+
+CAPTION_QUESTION = "Describe this image."
+
+
+def caption_loss(
+    model: torch.nn.Module, judge: Any, texts: Sequence[str], images: Sequence, lengths: Sequence[int]
+):
+    """Mean next-token cross-entropy over the last ``lengths[i]`` tokens of each (left-padded)
+    chat: the answer tokens of :meth:`VlmTasks.description`."""
+    inputs = judge.encode(texts, images)
+    ids = inputs["input_ids"]
+    labels = torch.full_like(ids, -100)
+    for row, length in enumerate(lengths):
+        labels[row, ids.shape[1] - length :] = ids[row, ids.shape[1] - length :]
+    logits = model(**inputs, use_cache=False).logits
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
 
 def _vlm_example(
     bank: SceneBank, recipe: VlmRecipe, rng: np.random.Generator, tasks: VlmTasks, task: int
@@ -1039,6 +1070,7 @@ def train_vlm(
     mix = np.asarray(recipe.task_mix, dtype=float)
     mix = mix / mix.sum()
     losses: list[float] = []
+    caption_losses: list[float] = []
     for step in range(recipe.steps):
         progress = _progress(step, recipe.steps, start, recipe.max_minutes)
         if progress >= 1:
@@ -1054,15 +1086,34 @@ def train_vlm(
                 answers.append(example[2])
         inputs = judge.encode(texts, images)
         logits = model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1]  # (B, V)
-        loss = F.cross_entropy(logits.float(), torch.tensor(answers))
+        loss = answer_loss = F.cross_entropy(logits.float(), torch.tensor(answers))
+        if recipe.caption_weight > 0:
+            chats, pictures, lengths = [], [], []
+            for s in _sample_scenes(bank, recipe.caption_batch_size, rng):
+                text, length = tasks.description(bank.prompts[bank.prompt_index[int(s)]].caption)
+                image = bank.image(int(s))
+                if rng.random() < recipe.render_48_probability:
+                    image = to_size(image, 48)
+                chats.append(text)
+                pictures.append([augment(image, rng)])
+                lengths.append(length)
+            described = caption_loss(model, judge, chats, pictures, lengths)
+            caption_losses.append(float(described.detach()))
+            loss = loss + recipe.caption_weight * described
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(answer_loss.detach()))
         if recipe.log_every and step % recipe.log_every == 0:
             recent = float(np.mean(losses[-recipe.log_every :]))
-            log(f"toy-vlm step {step} loss {loss:.4f} (mean {recent:.4f}) ({time.time() - start:.0f}s)")
+            described = (
+                f" caption {np.mean(caption_losses[-recipe.log_every :]):.4f}" if caption_losses else ""
+            )
+            log(
+                f"toy-vlm step {step} answer loss {answer_loss:.4f} (mean {recent:.4f}){described} "
+                f"({time.time() - start:.0f}s)"
+            )
     model.eval().requires_grad_(False)
     parameters = sum(p.numel() for p in model.parameters())
     return (
@@ -1070,6 +1121,7 @@ def train_vlm(
         processor,
         {
             "losses": losses,
+            "caption_losses": caption_losses,
             "seconds": time.time() - start,
             "parameters": parameters,
             "steps": len(losses),
@@ -1517,6 +1569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--vision-lr-scale", type=float, help="toy-vlm: the vision tower's lr relative to the rest"
     )
+    parser.add_argument(
+        "--caption-weight", type=float, help="toy-vlm: weight of the captioning (feature-alignment) loss"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -1532,8 +1587,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.vision_lr_scale is not None:
         vlm_options["vision_lr_scale"] = args.vision_lr_scale
         command += f" --vision-lr-scale {args.vision_lr_scale:g}"
+    if args.caption_weight is not None:
+        vlm_options["caption_weight"] = args.caption_weight
+        command += f" --caption-weight {args.caption_weight:g}"
     if vlm_options and args.model != "toy-vlm":
-        parser.error("--vision-init and --vision-lr-scale apply to toy-vlm only")
+        parser.error("--vision-init, --vision-lr-scale and --caption-weight apply to toy-vlm only")
     recipe_type = ClipRecipe if args.model == "toy-clip" else VlmRecipe
     if args.evaluate_only:
         card = json.loads((out / "card.json").read_text(encoding="utf-8"))

@@ -436,6 +436,8 @@ class Trainer:
         config = self.config
         if config.logging.resume:
             self.resume(config.logging.resume)
+        else:  # a fresh run in a used folder: metric lines of the earlier run would mix with ours
+            self._truncate_metrics(self.step)
         if self.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "recipe.json").write_text(json.dumps(_plain(config), indent=2))

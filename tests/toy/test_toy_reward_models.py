@@ -19,6 +19,7 @@ from genalign.toy.reward_models import (
     build_bank,
     build_clip,
     build_vlm,
+    caption_loss,
     clip_batch_loss,
     clip_loss,
     degrade,
@@ -191,6 +192,37 @@ def test_vlm_training_decreases_the_loss(tiny_bank):
     _, _, log = train_vlm(recipe, tiny_bank)
     losses = log["losses"]
     assert len(losses) == 10 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+
+
+def test_caption_task_scores_exactly_the_caption_tokens(subset):
+    """The feature-alignment chat ends with the caption and <|im_end|>; caption_loss is the mean
+    next-token cross-entropy over exactly those tokens (checked against a hand-built sum)."""
+    from genalign.rewards.vlm import VLMJudge
+
+    recipe = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
+                       layers=1, heads=2, kv_heads=1)  # fmt: skip
+    model, processor = build_vlm(recipe)
+    judge = VLMJudge(model.eval(), processor)
+    tasks = VlmTasks(judge)
+    items = subset[:3]
+    chats = [tasks.description(item.caption) for item in items]
+    texts, lengths = [c[0] for c in chats], [c[1] for c in chats]
+    inputs = judge.encode(texts, [[item.image] for item in items])
+    tokenizer = processor.tokenizer
+    for row, (item, length) in enumerate(zip(items, lengths)):
+        tail = inputs["input_ids"][row, -length:].tolist()
+        assert tokenizer.decode(tail) == item.caption + "<|im_end|>"
+        assert length == len(item.caption.split()) + 1  # one token per toy word, then <|im_end|>
+    with torch.no_grad():
+        ours = caption_loss(model, judge, texts, [[item.image] for item in items], lengths)
+        logits = model(**inputs, use_cache=False).logits.float().log_softmax(-1)
+    ids, width = inputs["input_ids"], inputs["input_ids"].shape[1]
+    terms = [
+        -logits[row, position - 1, ids[row, position]]
+        for row, length in enumerate(lengths)
+        for position in range(width - length, width)
+    ]
+    assert float(ours) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-5)
 
 
 def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):

@@ -125,6 +125,14 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert _metrics_without_times(straight.metrics_path) == _metrics_without_times(resumed.metrics_path)
 
 
+def test_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
+    make_trainer(tmp_path, "train.num_steps=3").train()
+    again = make_trainer(tmp_path, "train.num_steps=2")
+    again.train()
+    steps = [row["step"] for row in _metrics_without_times(again.metrics_path)]
+    assert steps == [0, 1]
+
+
 def test_checkpoint_from_another_recipe_is_refused(tmp_path):
     make_trainer(tmp_path, "train.num_steps=1").train()
     other = make_trainer(tmp_path, "train.num_steps=2", "train.learning_rate=0.5", "logging.resume=latest")
