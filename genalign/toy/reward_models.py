@@ -607,7 +607,7 @@ def train_clip(
         optimizer.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))  # CLIP's cap on the temperature
-        losses.append(float(answer_loss.detach()))
+        losses.append(float(loss.detach()))
         if recipe.log_every and step % recipe.log_every == 0:
             log(
                 f"toy-clip step {step} loss {loss:.4f} {parts} scale {float(model.logit_scale.exp()):.1f} ({time.time() - start:.0f}s)"
