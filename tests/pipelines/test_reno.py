@@ -4,6 +4,7 @@ differentiable CLIP rewards."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -284,3 +285,36 @@ def test_architecture_specific_errors(clip_reward):
         _run(ReNOPipeline.from_pipe(pixart), [clip_reward], num_iterations=1, num_inference_steps=1)
     with pytest.raises(ValueError, match="ReNO supports"):
         ReNOPipeline.family("KandinskyPipeline")
+
+
+# -- the shipped toy models (issue #6): a real learned reward on a real one-step generator ----------
+
+TOY_MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
+
+
+def test_reward_rises_on_the_toy_lcm():
+    """ReNO on the shipped toy-lcm with the shipped toy-clip score (the README's offline example):
+    the toy-clip score of the returned image is at least the initial one and rises over iterations."""
+    for name in ("toy-lcm", "toy-clip"):
+        if not (TOY_MODELS / name / "card.json").is_file():
+            pytest.fail(f"assets/models/{name} is not shipped")
+    pipe = ReNOPipeline.from_pretrained(str(TOY_MODELS / "toy-lcm"))
+    reward = load_reward(
+        "clip", model=f"local-dir:{TOY_MODELS / 'toy-clip'}", pretrained=None, convention="cosine"
+    )
+    prompt = "a photo of a red circle"
+    out = pipe(
+        prompt,
+        rewards=[(reward, 1.0)],
+        num_inference_steps=1,
+        guidance_scale=4.5,
+        num_iterations=8,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+    )
+    history = out.rewards_history[:, 0]
+    best = int(out.best_iteration[0])
+    assert history[best] == history.max() > history[0], history
+    assert (history[1:] > history[:-1]).sum() >= 4, history  # mostly increasing
+    rescored = reward(out.images, [prompt]).scores
+    torch.testing.assert_close(rescored, history[best : best + 1], atol=1e-4, rtol=0)
