@@ -1313,8 +1313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-flow needs --vae"))
         vae_info = json.loads((Path(args.vae) / "training.json").read_text())
         _, info = train_flow(vae, out, init=args.init, **extra)
+        stage_seconds, total_steps = info["train_seconds"], info["steps"]
         if args.init:
-            info["train_seconds"] += json.loads((Path(args.init) / "card.json").read_text())["train_seconds"]
+            previous = json.loads((Path(args.init) / "card.json").read_text())
+            info["train_seconds"] += previous["train_seconds"]
+            total_steps += previous.get("total_train_steps", previous["train_steps"])
+        info["total_train_steps"] = total_steps
         family, name = "flow", "toy-flow"
         description = (
             "A small Stable Diffusion 3-architecture (MMDiT, two CLIP encoders, no T5) rectified-flow model "
@@ -1327,8 +1331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         data = "renders of train prompts only plus 15% random layouts captioned '' (48 px, skia)."
         train = (
-            f"{info['steps']} steps, batch {args.batch_size}, AdamW, rectified flow (velocity) loss with "
-            f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s on one CPU thread."
+            f"{total_steps} steps over {len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch "
+            f"{args.batch_size}, lr {args.lr}, {stage_seconds:.0f} s), AdamW, rectified flow (velocity) loss with "
+            f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s in all "
+            "on one CPU thread."
         )
     evals = _evaluations(out, family, args)
     extra_evals = {TRAIN_EVAL: _train_evaluation(out, family, args)}

@@ -685,13 +685,14 @@ class VlmRecipe:
     # tower; its architecture then replaces image_size/patch_size/vision_*
     vision_init: str | None = None
     # the vision tower's learning rate relative to ``lr``; 0 freezes it, as LLaVA keeps its CLIP
-    # encoder frozen (Liu et al. 2023). Training a tower jointly from the first step lets it collapse
-    # to image-independent features while the LM fits the answer prior (measured: a from-scratch or
-    # trainable toy-clip tower stays at chance on every task; frozen toy-clip learns).
+    # encoder frozen (Liu et al. 2023). Trained jointly from the first step, the tower collapsed to
+    # image-independent features while the LM fitted the answer prior (measured: with a trainable
+    # tower not even 20 fixed rating examples could be memorised in 100 steps; frozen, they were).
     vision_lr_scale: float = 1.0
     # LLaVA's feature-alignment task (Liu et al. 2023, stage 1): "Describe this image." answered
-    # with the scene's caption, a loss on every caption token. It hands the LM dense, word-level
-    # supervision of what the image shows; the one-token tasks alone left it at the answer priors.
+    # with the scene's caption, a loss on every caption token: dense, word-level supervision of what
+    # the image shows. Measured: it learns to caption (token loss 4.7 -> 0.15 in 2,900 steps), but
+    # the one-token answers stayed at their priors in that run (see the issue #6 notes).
     caption_weight: float = 0.0
     caption_batch_size: int = 8
     log_every: int = 25
