@@ -1183,6 +1183,18 @@ def _train_evaluation(path: Path, family: str, args: argparse.Namespace, steps: 
     return result
 
 
+def _add_previous_stages(info: dict[str, Any], init: str | None) -> tuple[float, int]:
+    """Add the stages ``init`` was trained in to ``info``'s seconds and ``total_train_steps``;
+    returns this stage's ``(seconds, total steps over all stages)``."""
+    stage_seconds, total_steps = info["train_seconds"], info["steps"]
+    if init:
+        previous = json.loads((Path(init) / "card.json").read_text())
+        info["train_seconds"] += previous["train_seconds"]
+        total_steps += previous.get("total_train_steps", previous["train_steps"])
+    info["total_train_steps"] = total_steps
+    return stage_seconds, total_steps
+
+
 def _previous_commands(out: Path) -> list[str]:
     card = out / "card.json"
     return json.loads(card.read_text())["commands"] if card.exists() else []
@@ -1269,12 +1281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         load = f'StableDiffusionPipeline.from_pretrained("assets/models/{name}")'
         commands = [*(_previous_commands(Path(args.init)) or [vae_info["command"]]), _command_line()]
-        stage_seconds, total_steps = info["train_seconds"], info["steps"]
-        if args.init:
-            previous = json.loads((Path(args.init) / "card.json").read_text())
-            info["train_seconds"] += previous["train_seconds"]
-            total_steps += previous.get("total_train_steps", previous["train_steps"])
-        info["total_train_steps"] = total_steps
+        stage_seconds, total_steps = _add_previous_stages(info, args.init)
         data = (
             f"this stage {info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} "
             "renders (48 px, skia): train prompts only (category uniform) plus 15% random layouts captioned ''; "
@@ -1313,12 +1320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-flow needs --vae"))
         vae_info = json.loads((Path(args.vae) / "training.json").read_text())
         _, info = train_flow(vae, out, init=args.init, **extra)
-        stage_seconds, total_steps = info["train_seconds"], info["steps"]
-        if args.init:
-            previous = json.loads((Path(args.init) / "card.json").read_text())
-            info["train_seconds"] += previous["train_seconds"]
-            total_steps += previous.get("total_train_steps", previous["train_steps"])
-        info["total_train_steps"] = total_steps
+        stage_seconds, total_steps = _add_previous_stages(info, args.init)
         family, name = "flow", "toy-flow"
         description = (
             "A small Stable Diffusion 3-architecture (MMDiT, two CLIP encoders, no T5) rectified-flow model "
