@@ -463,6 +463,26 @@ def train_vae(
 # -- toy-sd -----------------------------------------------------------------------------------------
 
 
+def _finish_training(
+    pipe, parameters: dict[str, Any], done: int, log: _Log, start: float, out
+) -> tuple[Any, dict[str, Any]]:
+    """Describe a finished training run of ``pipe`` (steps, losses, seconds, parameter counts of
+    the named modules or lists of modules) and save the pipeline if ``out`` is given."""
+    pipe.set_progress_bar_config(disable=True)
+    info = {
+        "steps": done,
+        "loss_history": log.history,
+        "train_seconds": round(time.time() - start, 1),
+        "parameters": {
+            name: sum(parameter_count(m) for m in (modules if isinstance(modules, list) else [modules]))
+            for name, modules in parameters.items()
+        },
+    }
+    if out is not None:
+        pipe.save_pretrained(str(out))
+    return pipe, info
+
+
 def _finish_sd_layout(
     pipeline_class, vae, text_encoder, tokenizer, unet, scheduler, done: int, log: _Log, start: float, out
 ) -> tuple[Any, dict[str, Any]]:
@@ -477,20 +497,8 @@ def _finish_sd_layout(
         feature_extractor=None,
         requires_safety_checker=False,
     )
-    pipe.set_progress_bar_config(disable=True)
-    info = {
-        "steps": done,
-        "loss_history": log.history,
-        "train_seconds": round(time.time() - start, 1),
-        "parameters": {
-            "unet": parameter_count(unet),
-            "text_encoder": parameter_count(text_encoder),
-            "vae": parameter_count(vae),
-        },
-    }
-    if out is not None:
-        pipe.save_pretrained(str(out))
-    return pipe, info
+    parameters = {"unet": unet, "text_encoder": text_encoder, "vae": vae}
+    return _finish_training(pipe, parameters, done, log, start, out)
 
 
 def train_sd(
@@ -584,7 +592,7 @@ def train_sd(
             _finish_sd_layout(
                 StableDiffusionPipeline,
                 vae,
-                *ema.modules[:1],
+                ema.modules[0],
                 tokenizer,
                 ema.modules[1],
                 sampler(),
@@ -963,20 +971,8 @@ def train_flow(
         text_encoder_3=None,
         tokenizer_3=None,
     )
-    pipe.set_progress_bar_config(disable=True)
-    info = {
-        "steps": done,
-        "loss_history": log.history,
-        "train_seconds": round(time.time() - start, 1),
-        "parameters": {
-            "transformer": parameter_count(transformer),
-            "text_encoders": parameter_count(encoder_1) + parameter_count(encoder_2),
-            "vae": parameter_count(vae),
-        },
-    }
-    if out is not None:
-        pipe.save_pretrained(str(out))
-    return pipe, info
+    parameters = {"transformer": transformer, "text_encoders": [encoder_1, encoder_2], "vae": vae}
+    return _finish_training(pipe, parameters, done, log, start, out)
 
 
 # -- evaluation -------------------------------------------------------------------------------------

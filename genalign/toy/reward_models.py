@@ -977,6 +977,17 @@ def caption_loss(
     )
 
 
+def _training_image(
+    bank: SceneBank, index: int, recipe: VlmRecipe, rng: np.random.Generator, clean: bool = False
+) -> torch.Tensor:
+    """A bank image as toy-vlm trains on it: sometimes rendered at 48 px, then (unless ``clean``)
+    a generator-like imperfection (:func:`augment`)."""
+    image = bank.image(index)
+    if rng.random() < recipe.render_48_probability:
+        image = to_size(image, 48)
+    return image if clean else augment(image, rng)
+
+
 def _vlm_example(
     bank: SceneBank, recipe: VlmRecipe, rng: np.random.Generator, tasks: VlmTasks, task: int
 ) -> tuple[str, list[torch.Tensor], int] | None:
@@ -985,10 +996,7 @@ def _vlm_example(
     prompt = bank.prompts[bank.prompt_index[s]]
 
     def render(index: int, clean: bool = False) -> torch.Tensor:
-        image = bank.image(index)
-        if rng.random() < recipe.render_48_probability:
-            image = to_size(image, 48)
-        return image if clean else augment(image, rng)
+        return _training_image(bank, index, recipe, rng, clean)
 
     if task == 0:  # VQAScore yes/no
         draw = rng.random()
@@ -1092,11 +1100,8 @@ def train_vlm(
             chats, pictures, lengths = [], [], []
             for s in _sample_scenes(bank, recipe.caption_batch_size, rng):
                 text, length = tasks.description(bank.prompts[bank.prompt_index[int(s)]].caption)
-                image = bank.image(int(s))
-                if rng.random() < recipe.render_48_probability:
-                    image = to_size(image, 48)
                 chats.append(text)
-                pictures.append([augment(image, rng)])
+                pictures.append([_training_image(bank, int(s), recipe, rng)])
                 lengths.append(length)
             described = caption_loss(model, judge, chats, pictures, lengths)
             caption_losses.append(float(described.detach()))
