@@ -29,6 +29,7 @@ from genalign.toy.reward_models import (
     multi_positive_info_nce,
     one_attribute_variants,
     open_clip_vision_to_transformers,
+    question_loss,
     save_clip,
     save_vlm,
     subset_indices,
@@ -188,10 +189,13 @@ def test_vlm_training_decreases_the_loss(tiny_bank):
     recipe = VlmRecipe(
         image_size=24, patch_size=12, vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32,
         intermediate_size=64, layers=1, heads=2, kv_heads=1, steps=10, batch_size=8, lr=3e-3, warmup=1, log_every=0,
+        question_weight=1.0,
     )  # fmt: skip
     _, _, log = train_vlm(recipe, tiny_bank)
-    losses = log["losses"]
+    losses, asked = log["losses"], log["question_losses"]
     assert len(losses) == 10 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
+    # logged for the steps whose batch had a true yes/no chat
+    assert 5 <= len(asked) <= 10 and np.mean(asked[-3:]) < np.mean(asked[:3]) - 0.1, asked
 
 
 def test_caption_task_scores_exactly_the_caption_tokens(subset):
@@ -223,6 +227,40 @@ def test_caption_task_scores_exactly_the_caption_tokens(subset):
         for position in range(width - length, width)
     ]
     assert float(ours) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-5)
+
+
+def test_question_loss_scores_exactly_the_question_of_the_selected_chats(subset):
+    """question_loss is the mean next-token cross-entropy over the text after the image of the
+    selected (true yes/no) chats only: the quoted question and the assistant header, no padding,
+    no image token (checked against a hand-built sum)."""
+    from genalign.rewards.vlm import VLMJudge
+
+    recipe = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
+                       layers=1, heads=2, kv_heads=1)  # fmt: skip
+    model, processor = build_vlm(recipe)
+    judge = VLMJudge(model.eval(), processor)
+    tasks = VlmTasks(judge)
+    items = subset[:3]
+    captions = [items[0].caption, "a photo of two red circles and a blue square", items[2].caption]
+    texts = [tasks.yes_no(caption) for caption in captions]
+    inputs = judge.encode(texts, [[item.image] for item in items])
+    rows = torch.tensor([True, True, False])
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits
+        ours = question_loss(logits, inputs, model.config.image_token_id, rows)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    log_probs = logits.float().log_softmax(-1)
+    image_id, terms = model.config.image_token_id, []
+    for row in (0, 1):
+        last_image = max(i for i in range(ids.shape[1]) if ids[row, i] == image_id)
+        span = list(range(last_image + 1, ids.shape[1]))
+        assert all(mask[row, i] == 1 for i in span)
+        question = processor.tokenizer.decode(ids[row, span])
+        assert captions[row] in question and question.endswith("assistant\n"), question
+        terms += [-log_probs[row, i - 1, ids[row, i]] for i in span]
+    assert float(ours) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-5)
+    none = question_loss(logits, inputs, image_id, torch.zeros(3, dtype=torch.bool))
+    assert float(none) == 0.0
 
 
 def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
