@@ -336,6 +336,26 @@ def test_toy_clip_through_the_public_reward_api(subset):
     assert float(changed.mean()) == pytest.approx(expected["mean_cosine_changed"], abs=SUBSET_TOLERANCE)
 
 
+def test_toy_vlm_through_the_public_reward_api(subset):
+    """The shipped toy-vlm loads as VQAScore (``vlm_yes``) and Q-Align (``iqa``) with no toy-specific
+    code, prefers the true caption to a one-attribute change, and reproduces its card's subset scores."""
+    card = _card("toy-vlm")
+    assert card["eval"]["subset_indices"] == subset_indices()
+    path = str(MODELS / "toy-vlm")
+    reward = load_reward("vlm_yes", model=path)
+    images = torch.stack([item.noisy for item in subset])
+    captions = [item.caption for item in subset]
+    true = reward(images, captions).scores
+    changed = reward(images, [item.negative for item in subset]).scores
+    assert float((true > changed).float().mean()) >= 0.65  # chance is 0.5; the card's subset: 0.70
+    iqa = load_reward("iqa", model=path, preset="qalign")
+    rating = iqa(torch.stack([item.degraded for item in subset]), captions).scores
+    expected = card["subset_scores"]
+    assert float(true.mean()) == pytest.approx(expected["mean_p_yes_true"], abs=SUBSET_TOLERANCE)
+    assert float(changed.mean()) == pytest.approx(expected["mean_p_yes_changed"], abs=SUBSET_TOLERANCE)
+    assert float(rating.mean()) == pytest.approx(expected["mean_qalign_score"], abs=SUBSET_TOLERANCE)
+
+
 def test_toy_vlm_training_chats_are_the_reward_chats(subset, tmp_path):
     """The training code renders the chats ``vlm_yes`` renders (a toy-vlm architecture, saved and
     loaded through the public reward API): the same P(yes) for pointwise and comparative."""
