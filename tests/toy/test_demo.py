@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -80,3 +82,34 @@ def test_evaluate_policy_is_reproducible(tmp_path, monkeypatch):
     assert images.shape[0] == len(items)
     assert set(result["per_category"]) == {p.category for p, _ in items}
     assert result["overall"] == again["overall"]
+
+
+@pytest.mark.slow
+def test_short_demo_run_writes_its_report(tmp_path):
+    """`genalign demo`'s default recipe, cut to two GRPO steps and a few held-out images, runs end to
+    end on the shipped toy models and writes the report, the figures and a summary that agree."""
+    from genalign.toy.demo import DEFAULT_RECIPE, run_demo
+
+    overrides = [
+        "train.num_steps=2",
+        "train.prompts_per_step=2",
+        "train.group_size=2",
+        "train.minibatch_size=4",
+        f"logging.run_dir={tmp_path / 'demo'}",
+    ]
+    result = run_demo(DEFAULT_RECIPE, overrides, images_per_category=2, eval_every=1)
+    run_dir = tmp_path / "demo"
+    assert result.run_dir == run_dir and result.report == run_dir / "report.md"
+    for name in ("report.md", "curves.png", "before_after.png", "summary.json", "metrics.jsonl"):
+        assert (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0, name
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in history] == [0, 1]
+    assert all(0.0 <= m["monitor_shapes_eval"] <= 1.0 for m in history)  # the verifier, as a monitor
+    assert [step for step, _ in result.heldout_curve] == [0, 1, 2]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["heldout_before"] == result.before["overall"] == result.heldout_curve[0][1]
+    assert summary["heldout_after"] == result.after["overall"] == result.heldout_curve[-1][1]
+    report = (run_dir / "report.md").read_text()
+    overall = f"**{result.before['overall']:.1%}** | **{result.after['overall']:.1%}**"
+    assert overall in report and "Reward hacking check" in report
+    assert "![before and after](before_after.png)" in report
