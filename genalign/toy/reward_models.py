@@ -40,10 +40,12 @@ renders it (the templates are imported from the reward modules):
     quality of this image?" / "The quality of the image is" -> excellent, good, fair, poor, bad
     for renders degraded by blur, noise, JPEG or downsampling at severities 0-4.
 
-Status: toy-clip is shipped (``assets/models/toy-clip``, scores in its card). The toy-vlm recipe
-runs end to end but its first full run (37 min, 1.9k steps) stayed on the answer priors (loss
-0.9, the rating loss at ln 5): the from-scratch vision tower's content signal never reached the
-answer, so no toy-vlm weights are shipped yet.
+Both are shipped (``assets/models/toy-clip``, ``assets/models/toy-vlm``; scores in their cards).
+Two things made toy-vlm learn. Its vision tower is toy-clip's image encoder, frozen, read at the
+penultimate layer as in LLaVA-1.5; a tower trained from scratch along with the LM collapsed to
+image-independent features. And the true yes/no chats get a next-token loss on their question,
+i.e. the caption is predicted from the image (``VlmRecipe.question_weight``); without it the answer
+token stayed at its prior.
 
 Recipes (``python -m genalign.toy.reward_models {toy-clip,toy-vlm} --out DIR --seed 0``) train,
 save, evaluate (:func:`evaluate_reward_model` on the fixed held-out set of :func:`heldout_eval_set`)
@@ -658,7 +660,9 @@ def save_clip(model: torch.nn.Module, recipe: ClipRecipe, folder: str | Path) ->
 
 @dataclass
 class VlmRecipe:
-    """Architecture and training of ``toy-vlm`` (defaults: the shipped model)."""
+    """Architecture and training of ``toy-vlm``. The shipped model is these defaults with the
+    options of the command in its card (``vision_init``, ``vision_lr_scale=0``,
+    ``vision_feature_layer=-2``, ``task_mix``, ``question_weight=1``, a 60-minute budget)."""
 
     seed: int = 0
     image_size: int = 48
