@@ -5,7 +5,7 @@ The demo (issue #6, DESIGN.md "The offline world") runs in minutes on a CPU, off
 1. evaluate the toy generator with ShapesEval on **held-out** prompts (combinations never seen in
    training), fixed seeds;
 2. RL-train it on the **train** prompts against a *learned* toy reward (``configs/toy/demo.yaml``:
-   GRPO on ``toy-sd`` with the ``toy-clip`` CLIP score), with the verifier attached as a
+   GRPO on ``toy-sd`` with ``toy-vlm``'s VQAScore), with the verifier attached as a
    monitor (scored on the same rollouts, never used for advantages) and, every
    ``eval_every`` steps, a held-out evaluation;
 3. evaluate again with the same prompts and seeds, and write ``report.md`` to the run folder with
