@@ -198,16 +198,23 @@ def test_vlm_training_decreases_the_loss(tiny_bank):
     assert 5 <= len(asked) <= 10 and np.mean(asked[-3:]) < np.mean(asked[:3]) - 0.1, asked
 
 
+TINY_VLM = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
+                     layers=1, heads=2, kv_heads=1)  # fmt: skip
+
+
+def _tiny_vlm_judge():
+    """A freshly initialised tiny toy-vlm architecture: (model, processor, judge, tasks)."""
+    from genalign.rewards.vlm import VLMJudge
+
+    model, processor = build_vlm(TINY_VLM)
+    judge = VLMJudge(model.eval(), processor)
+    return model, processor, judge, VlmTasks(judge)
+
+
 def test_caption_task_scores_exactly_the_caption_tokens(subset):
     """The feature-alignment chat ends with the caption and <|im_end|>; caption_loss is the mean
     next-token cross-entropy over exactly those tokens (checked against a hand-built sum)."""
-    from genalign.rewards.vlm import VLMJudge
-
-    recipe = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
-                       layers=1, heads=2, kv_heads=1)  # fmt: skip
-    model, processor = build_vlm(recipe)
-    judge = VLMJudge(model.eval(), processor)
-    tasks = VlmTasks(judge)
+    model, processor, judge, tasks = _tiny_vlm_judge()
     items = subset[:3]
     chats = [tasks.description(item.caption) for item in items]
     texts, lengths = [c[0] for c in chats], [c[1] for c in chats]
@@ -233,13 +240,7 @@ def test_question_loss_scores_exactly_the_question_of_the_selected_chats(subset)
     """question_loss is the mean next-token cross-entropy over the text after the image of the
     selected (true yes/no) chats only: the quoted question and the assistant header, no padding,
     no image token (checked against a hand-built sum)."""
-    from genalign.rewards.vlm import VLMJudge
-
-    recipe = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
-                       layers=1, heads=2, kv_heads=1)  # fmt: skip
-    model, processor = build_vlm(recipe)
-    judge = VLMJudge(model.eval(), processor)
-    tasks = VlmTasks(judge)
+    model, processor, judge, tasks = _tiny_vlm_judge()
     items = subset[:3]
     captions = [items[0].caption, "a photo of two red circles and a blue square", items[2].caption]
     texts = [tasks.yes_no(caption) for caption in captions]
@@ -359,9 +360,7 @@ def test_toy_vlm_through_the_public_reward_api(subset):
 def test_toy_vlm_training_chats_are_the_reward_chats(subset, tmp_path):
     """The training code renders the chats ``vlm_yes`` renders (a toy-vlm architecture, saved and
     loaded through the public reward API): the same P(yes) for pointwise and comparative."""
-    recipe = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
-                       layers=1, heads=2, kv_heads=1)  # fmt: skip
-    model, processor = build_vlm(recipe)
+    model, processor = build_vlm(TINY_VLM)
     path = str(save_vlm(model.eval(), processor, tmp_path / "vlm"))
     reward = load_toy_reward("toy-vlm", path)
     tasks = VlmTasks(reward.judge)
