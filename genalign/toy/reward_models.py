@@ -1108,6 +1108,11 @@ def train_vlm(
         ]
     optimizer = torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.98))
     mix = np.asarray(recipe.task_mix, dtype=float)
+    if mix.shape != (3,) or not np.isfinite(mix).all() or (mix < 0).any() or mix.sum() <= 0:
+        raise ValueError(
+            f"task_mix must be three non-negative shares (yes/no, comparative, rating) with a positive "
+            f"sum, got {recipe.task_mix}"
+        )
     mix = mix / mix.sum()
     losses: list[float] = []
     caption_losses: list[float] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,12 @@ def test_vlm_training_decreases_the_loss(tiny_bank):
     assert len(losses) == 10 and np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.5, losses
     # logged for the steps whose batch had a true yes/no chat
     assert 5 <= len(asked) <= 10 and np.mean(asked[-3:]) < np.mean(asked[:3]) - 0.1, asked
+
+
+@pytest.mark.parametrize("mix", [(0.0, 0.0, 0.0), (1.0, -0.5, 0.5), (1.0, 1.0)])
+def test_vlm_training_rejects_a_bad_task_mix(tiny_bank, mix):
+    with pytest.raises(ValueError, match="task_mix"):
+        train_vlm(replace(TINY_VLM, task_mix=mix, steps=1), tiny_bank)
 
 
 TINY_VLM = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
