@@ -981,10 +981,16 @@ def caption_loss(
     chat: the answer tokens of :meth:`VlmTasks.description`."""
     inputs = judge.encode(texts, images)
     ids = inputs["input_ids"]
-    labels = torch.full_like(ids, -100)
+    scored = torch.zeros_like(ids, dtype=torch.bool)
     for row, length in enumerate(lengths):
-        labels[row, ids.shape[1] - length :] = ids[row, ids.shape[1] - length :]
-    logits = model(**inputs, use_cache=False).logits
+        scored[row, ids.shape[1] - length :] = True
+    return _next_token_loss(model(**inputs, use_cache=False).logits, ids, scored)
+
+
+def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting each token where ``scored`` (bool, like ``ids``) is true
+    from the position before it."""
+    labels = torch.where(scored, ids, torch.full_like(ids, -100))
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
     )
@@ -1002,10 +1008,7 @@ def question_loss(logits: torch.Tensor, inputs: Any, image_token_id: int, rows: 
     scored = after_images & ~is_image & mask & rows.view(-1, 1)
     if not scored[:, 1:].any():
         return logits.new_zeros(())
-    labels = torch.where(scored, ids, torch.full_like(ids, -100))
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
-    )
+    return _next_token_loss(logits, ids, scored)
 
 
 def _training_image(
@@ -1563,19 +1566,19 @@ def write_card(
             "degraded) and (c) Q-Align ratings of renders degraded by blur/noise/JPEG/downsampling at",
             "severities 0-4 (excellent ... bad).",
         ]
-        if getattr(recipe, "vision_init", None):
+        if recipe.vision_init:
             frozen = "frozen" if recipe.vision_lr_scale == 0 else f"lr x{recipe.vision_lr_scale:g}"
             lines += [
                 f"The vision tower starts from toy-clip's image encoder ({recipe.vision_init}, {frozen}); the",
                 "projector and the LM are trained from scratch.",
             ]
-        if getattr(recipe, "question_weight", 0) > 0:
+        if recipe.question_weight > 0:
             lines += [
                 f"Plus (weight {recipe.question_weight:g}) a next-token loss on the question of every true yes/no",
                 "chat: the quoted caption predicted from the image. Without it the answer token stayed at its",
                 "prior; see `VlmRecipe.question_weight`.",
             ]
-        if getattr(recipe, "caption_weight", 0) > 0:
+        if recipe.caption_weight > 0:
             lines += [
                 f"Plus (weight {recipe.caption_weight:g}) LLaVA's captioning task on every caption token."
             ]
@@ -1619,6 +1622,17 @@ def write_card(
 
 
 # -- command line -------------------------------------------------------------------------------------------------
+
+
+# the command-line options that set VlmRecipe fields of the same name
+VLM_OPTIONS = (
+    "vision_init",
+    "vision_lr_scale",
+    "caption_weight",
+    "vision_feature_layer",
+    "task_mix",
+    "question_weight",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1667,29 +1681,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_minutes is not None:
         command += f" --max-minutes {args.max_minutes:g}"
     vlm_options = {}
-    if args.vision_init is not None:
-        vlm_options["vision_init"] = args.vision_init
-        command += f" --vision-init {args.vision_init}"
-    if args.vision_lr_scale is not None:
-        vlm_options["vision_lr_scale"] = args.vision_lr_scale
-        command += f" --vision-lr-scale {args.vision_lr_scale:g}"
-    if args.caption_weight is not None:
-        vlm_options["caption_weight"] = args.caption_weight
-        command += f" --caption-weight {args.caption_weight:g}"
-    if args.vision_feature_layer is not None:
-        vlm_options["vision_feature_layer"] = args.vision_feature_layer
-        command += f" --vision-feature-layer {args.vision_feature_layer}"
-    if args.task_mix is not None:
-        vlm_options["task_mix"] = tuple(args.task_mix)
-        command += " --task-mix " + " ".join(f"{share:g}" for share in args.task_mix)
-    if args.question_weight is not None:
-        vlm_options["question_weight"] = args.question_weight
-        command += f" --question-weight {args.question_weight:g}"
+    for name in VLM_OPTIONS:  # in the order the recorded commands list them
+        value = getattr(args, name)
+        if value is None:
+            continue
+        vlm_options[name] = tuple(value) if isinstance(value, list) else value
+        shown = " ".join(f"{v:g}" for v in value) if isinstance(value, list) else value
+        shown = f"{shown:g}" if isinstance(shown, float) else shown
+        command += f" --{name.replace('_', '-')} {shown}"
     if vlm_options and args.model != "toy-vlm":
-        parser.error(
-            "--vision-init, --vision-lr-scale, --vision-feature-layer, --caption-weight, --question-weight "
-            "and --task-mix apply to toy-vlm only"
-        )
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in VLM_OPTIONS)
+        parser.error(f"{flags} apply to toy-vlm only")
     recipe_type = ClipRecipe if args.model == "toy-clip" else VlmRecipe
     if args.evaluate_only:
         card = json.loads((out / "card.json").read_text(encoding="utf-8"))
