@@ -454,6 +454,7 @@ def train_vae(
         "reconstruction_mae": error,
         "parameters": parameter_count(vae),
         "scaling_factor": vae.config.scaling_factor,
+        "kl_weight": kl_weight,
     }
     if out is not None:
         vae.save_pretrained(str(out))
@@ -1219,6 +1220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--kl-weight",
+        type=float,
+        help="vae: weight of the KL term (default 1e-6, Stable Diffusion's); larger values make the decoder "
+        "robust to latent noise",
+    )
+    parser.add_argument(
         "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
     )
     parser.add_argument("--eval-steps", type=int)
@@ -1238,7 +1245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         }.items()
         if v
     }
+    if args.kl_weight is not None and args.what != "vae":
+        parser.error("--kl-weight is an option of the vae command only")
     if args.what == "vae":
+        if args.kl_weight is not None:
+            options["kl_weight"] = args.kl_weight
         _, info = train_vae(out, seed=args.seed, **options)
         (out / "training.json").write_text(json.dumps(dict(info, command=_command_line()), indent=2) + "\n")
         print(json.dumps({k: v for k, v in info.items() if k != "loss_history"}))
@@ -1284,7 +1295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
         )
         train = (
-            f"VAE {len(vae_info['loss_history']) * 100} steps; text encoder + UNet {total_steps} steps over "
+            f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', 1e-6):g}); text encoder + UNet {total_steps} steps over "
             f"{len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
             f"{stage_seconds:.0f} s), AdamW, epsilon loss, caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
             f"{info['train_seconds']:.0f} s in all on one CPU thread. The UNet adds the attention-pooled prompt "

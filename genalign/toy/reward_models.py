@@ -708,6 +708,9 @@ class VlmRecipe:
     # over ~60 positions, so the image-word interaction it needs gets almost no gradient. With it
     # (weight 1) the yes/no loss fell to 0.41 in the same 1,400 steps (0.07 on colours alone).
     question_weight: float = 0.0
+    # a toy-vlm folder whose weights start training: a run continued (new seed, new schedule,
+    # fresh optimiser state); its architecture must be this recipe's
+    init: str | None = None
     log_every: int = 25
     max_minutes: float | None = None  # wall-clock budget of the training loop (None: steps only)
 
@@ -1073,6 +1076,27 @@ def _vlm_example(
     return tasks.rating(), [degrade(render(s, clean=True), kind, severity, generator)], tasks.levels[severity]
 
 
+def _load_vlm_weights(model: torch.nn.Module, folder: str | Path) -> None:
+    """Copy a saved toy-vlm's weights into ``model`` (the same architecture), or say what differs."""
+    from transformers import LlavaForConditionalGeneration
+
+    if not (Path(folder) / "config.json").exists():
+        raise FileNotFoundError(f"init {str(folder)!r} is not a saved toy-vlm folder: config.json missing")
+    saved = LlavaForConditionalGeneration.from_pretrained(str(folder)).state_dict()
+    ours = model.state_dict()
+    differs = sorted(
+        name
+        for name in ours.keys() | saved.keys()
+        if name not in saved or name not in ours or saved[name].shape != ours[name].shape
+    )
+    if differs:
+        raise ValueError(
+            f"init {str(folder)!r} has another architecture than the recipe: {len(differs)} tensors differ, "
+            f"e.g. {differs[:3]}"
+        )
+    model.load_state_dict(saved)
+
+
 def train_vlm(
     recipe: VlmRecipe, bank: SceneBank | None = None, log: Callable[[str], None] = print
 ) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
@@ -1084,6 +1108,8 @@ def train_vlm(
     if bank is None:
         bank = build_bank(train_prompts(), recipe.scenes_per_prompt, recipe.render_size, recipe.seed)
     model, processor = build_vlm(recipe)
+    if recipe.init is not None:
+        _load_vlm_weights(model, recipe.init)
     judge = VLMJudge(model, processor, batch_size=recipe.batch_size)
     tasks = VlmTasks(judge)
     model.train().requires_grad_(True)
@@ -1588,7 +1614,7 @@ def write_card(
         "",
         "## Recipe",
         "",
-        f"    {command}",
+        *(f"    {line}" for line in command.splitlines()),
         "",
         f"Parameters: {training['parameters']:,}; size on disk {card['size_mb']} MB; training time "
         f"{training['seconds'] / 60:.1f} min ({training['steps']} steps) on one CPU thread of a shared, loaded machine; loss "
@@ -1626,12 +1652,15 @@ def write_card(
 
 # the command-line options that set VlmRecipe fields of the same name
 VLM_OPTIONS = (
+    "init",
+    "lr",
     "vision_init",
     "vision_lr_scale",
     "caption_weight",
     "vision_feature_layer",
     "task_mix",
     "question_weight",
+    "scenes_per_prompt",
 )
 
 
@@ -1649,6 +1678,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--evaluate-only", action="store_true", help="re-evaluate a trained folder and rewrite its card"
     )
     parser.add_argument(
+        "--init", help="toy-vlm: a trained toy-vlm folder to continue training from (same options)"
+    )
+    parser.add_argument("--lr", type=float, help="toy-vlm: the peak learning rate")
+    parser.add_argument(
         "--vision-init", help="toy-vlm: a toy-clip folder whose image tower starts the vision tower"
     )
     parser.add_argument(
@@ -1661,6 +1694,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--question-weight",
         type=float,
         help="toy-vlm: weight of the next-token loss on the questions of true yes/no chats",
+    )
+    parser.add_argument(
+        "--scenes-per-prompt",
+        type=int,
+        help="toy-vlm: random scenes rendered per train prompt (the training bank's size)",
     )
     parser.add_argument(
         "--vision-feature-layer", type=int, help="toy-vlm: the vision layer the projector reads"
@@ -1714,6 +1752,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "final_loss": float(np.mean(training["losses"][-50:])),
             "first_loss": float(np.mean(training["losses"][:50])),
         }
+        if recipe.init is not None:  # a continued run: its card covers every stage
+            previous = json.loads((Path(recipe.init) / "card.json").read_text(encoding="utf-8"))
+            command = f"{previous['command']}\n{command}"
+            for key in ("seconds", "steps"):
+                training[key] += previous["training"][key]
+            training["first_loss"] = previous["training"]["first_loss"]
         # the recipe and training record first, so a failed evaluation can be rerun (--evaluate-only)
         (out / "card.json").write_text(
             json.dumps({"command": command, "recipe": asdict(recipe), "training": training}, indent=2) + "\n",

@@ -21,6 +21,7 @@ from genalign.toy.generators import (
     evaluate_generator,
     guidance_scale_embedding,
     lcm_boundary_scalings,
+    main,
     toy_dataset,
     toy_tokenizer,
     toy_words,
@@ -133,6 +134,23 @@ def test_vae_training_lowers_loss(tiny_vae):
     _, info = tiny_vae
     assert info["loss_history"][-1] < info["loss_history"][0]
     assert info["scaling_factor"] > 0
+
+
+def test_vae_command_passes_the_kl_weight_and_rejects_it_elsewhere(tmp_path, capsys):
+    def trained(kl_weight: str) -> dict:
+        out = tmp_path / kl_weight
+        args = ["vae", "--out", str(out), "--steps", "3", "--num-images", "8", "--kl-weight", kl_weight]
+        assert main(args) == 0
+        return json.loads((out / "training.json").read_text())
+
+    light, heavy = trained("1e-6"), trained("10")
+    # same seed, data and steps: only the KL term differs, and a heavy one dominates the loss
+    assert heavy["loss_history"][0] > light["loss_history"][0] + 1.0
+    with pytest.raises(SystemExit):
+        main(
+            ["toy-sd", "--out", str(tmp_path / "sd"), "--vae", str(tmp_path / "1e-6"), "--kl-weight", "1e-5"]
+        )
+    assert "--kl-weight is an option of the vae command only" in capsys.readouterr().err
 
 
 def test_sd_training_lowers_loss(tiny_vae):

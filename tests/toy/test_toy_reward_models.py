@@ -271,6 +271,22 @@ def test_question_loss_scores_exactly_the_question_of_the_selected_chats(subset)
     assert float(none) == 0.0
 
 
+def test_vlm_training_continues_from_a_saved_toy_vlm(tiny_bank, tmp_path):
+    """``init`` starts training from a saved toy-vlm's weights; another architecture is an error."""
+    trained, processor, _ = train_vlm(replace(TINY_VLM, steps=2, lr=1e-2), tiny_bank)
+    save_vlm(trained, processor, tmp_path / "first")
+    # lr 0: the continued run leaves the loaded weights as they are, so the result is the saved model
+    continued, _, _ = train_vlm(replace(TINY_VLM, steps=1, lr=0.0, init=str(tmp_path / "first")), tiny_bank)
+    fresh, _ = build_vlm(TINY_VLM)
+    saved = trained.state_dict()
+    assert all(torch.equal(continued.state_dict()[name], saved[name]) for name in saved)
+    assert any(not torch.equal(fresh.state_dict()[name], saved[name]) for name in saved)
+    with pytest.raises(ValueError, match="another architecture"):
+        train_vlm(replace(TINY_VLM, hidden_size=48, steps=1, init=str(tmp_path / "first")), tiny_bank)
+    with pytest.raises(FileNotFoundError, match="not a saved toy-vlm folder"):
+        train_vlm(replace(TINY_VLM, steps=1, init=str(tmp_path)), tiny_bank)
+
+
 def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
     """vision_init converts an open_clip image tower into the LLaVA vision tower exactly: the
     converted tower's pooled CLS, through open_clip's projection, is open_clip's image embedding."""
