@@ -1197,6 +1197,12 @@ def _previous_commands(out: Path) -> list[str]:
     return json.loads(card.read_text())["commands"] if card.exists() else []
 
 
+def stage_commands(previous: Sequence[str], vae_command: str, command: str) -> list[str]:
+    """The commands that reproduce a stage: the earlier stages', then the VAE's when it is not among
+    them (a first stage, or a stage that moves to another VAE), then this stage's."""
+    return [*previous, *([] if vae_command in previous else [vae_command]), command]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m genalign.toy.generators", description=__doc__.split("\n")[0]
@@ -1287,7 +1293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "trained from scratch. It follows prompts imperfectly, by design: room for RL."
         )
         load = f'StableDiffusionPipeline.from_pretrained("assets/models/{name}")'
-        commands = [*(_previous_commands(Path(args.init)) or [vae_info["command"]]), _command_line()]
+        commands = stage_commands(
+            _previous_commands(Path(args.init)) if args.init else [], vae_info["command"], _command_line()
+        )
         stage_seconds, total_steps = _add_previous_stages(info, args.init)
         data = (
             f"this stage {info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} "

@@ -22,6 +22,7 @@ from genalign.toy.generators import (
     guidance_scale_embedding,
     lcm_boundary_scalings,
     main,
+    stage_commands,
     toy_dataset,
     toy_tokenizer,
     toy_words,
@@ -151,6 +152,15 @@ def test_vae_command_passes_the_kl_weight_and_rejects_it_elsewhere(tmp_path, cap
             ["toy-sd", "--out", str(tmp_path / "sd"), "--vae", str(tmp_path / "1e-6"), "--kl-weight", "1e-5"]
         )
     assert "--kl-weight is an option of the vae command only" in capsys.readouterr().err
+
+
+def test_stage_commands_record_the_vae_each_stage_was_trained_on():
+    vae, other_vae = "vae --out runs/vae", "vae --out runs/vae2 --kl-weight 1e-5"
+    first = stage_commands([], vae, "toy-sd --vae runs/vae --out s1")
+    assert first == [vae, "toy-sd --vae runs/vae --out s1"]
+    assert stage_commands(first, vae, "toy-sd --init s1") == [*first, "toy-sd --init s1"]
+    moved = stage_commands(first, other_vae, "toy-sd --vae runs/vae2 --init s1")
+    assert moved == [*first, other_vae, "toy-sd --vae runs/vae2 --init s1"]
 
 
 def test_sd_training_lowers_loss(tiny_vae):
