@@ -661,8 +661,10 @@ def save_clip(model: torch.nn.Module, recipe: ClipRecipe, folder: str | Path) ->
 @dataclass
 class VlmRecipe:
     """Architecture and training of ``toy-vlm``. The shipped model is these defaults with the
-    options of the command in its card (``vision_init``, ``vision_lr_scale=0``,
-    ``vision_feature_layer=-2``, ``task_mix``, ``question_weight=1``, a 60-minute budget)."""
+    options of the commands in its card (``vision_init``, ``vision_lr_scale=0``,
+    ``vision_feature_layer=-2``, ``task_mix``, ``question_weight=1``, a 60-minute budget), then
+    continued twice (``init``, a lower ``lr``, new seeds and so fresh scene banks with
+    ``scenes_per_prompt=32``; 60 and 33 minutes)."""
 
     seed: int = 0
     image_size: int = 48
