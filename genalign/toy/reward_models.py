@@ -1652,6 +1652,19 @@ def write_card(
 # -- command line -------------------------------------------------------------------------------------------------
 
 
+def continued_record(
+    previous: dict[str, Any], command: str, training: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The card record of a run continued from a model whose card is ``previous``: every stage's
+    command (one per line, first to last), the steps and seconds of all stages, the first stage's
+    first loss and this stage's final loss."""
+    before = previous["training"]
+    total = dict(training, first_loss=before["first_loss"])
+    for key in ("seconds", "steps"):
+        total[key] = training[key] + before[key]
+    return f"{previous['command']}\n{command}", total
+
+
 # the command-line options that set VlmRecipe fields of the same name
 VLM_OPTIONS = (
     "init",
@@ -1756,10 +1769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         if recipe.init is not None:  # a continued run: its card covers every stage
             previous = json.loads((Path(recipe.init) / "card.json").read_text(encoding="utf-8"))
-            command = f"{previous['command']}\n{command}"
-            for key in ("seconds", "steps"):
-                training[key] += previous["training"][key]
-            training["first_loss"] = previous["training"]["first_loss"]
+            command, training = continued_record(previous, command, training)
         # the recipe and training record first, so a failed evaluation can be rerun (--evaluate-only)
         (out / "card.json").write_text(
             json.dumps({"command": command, "recipe": asdict(recipe), "training": training}, indent=2) + "\n",

@@ -23,6 +23,7 @@ from genalign.toy.reward_models import (
     caption_loss,
     clip_batch_loss,
     clip_loss,
+    continued_record,
     degrade,
     false_variants,
     heldout_eval_set,
@@ -285,6 +286,23 @@ def test_vlm_training_continues_from_a_saved_toy_vlm(tiny_bank, tmp_path):
         train_vlm(replace(TINY_VLM, hidden_size=48, steps=1, init=str(tmp_path / "first")), tiny_bank)
     with pytest.raises(FileNotFoundError, match="not a saved toy-vlm folder"):
         train_vlm(replace(TINY_VLM, steps=1, init=str(tmp_path)), tiny_bank)
+
+
+def test_a_continued_run_records_every_stage():
+    first = {
+        "command": "toy-vlm --out a --seed 0",
+        "training": {"seconds": 60.0, "steps": 100, "first_loss": 4.8},
+    }
+    second = {"parameters": 10, "seconds": 30.0, "steps": 40, "first_loss": 1.1, "final_loss": 0.5}
+    command, training = continued_record(first, "toy-vlm --out b --init a", second)
+    assert command.splitlines() == ["toy-vlm --out a --seed 0", "toy-vlm --out b --init a"]
+    assert training == {"parameters": 10, "seconds": 90.0, "steps": 140, "first_loss": 4.8, "final_loss": 0.5}
+    assert second["steps"] == 40  # the stage's own record is left as it was
+    # a third stage lists all three commands in order
+    third, _ = continued_record(
+        {"command": command, "training": training}, "toy-vlm --out c --init b", second
+    )
+    assert third.splitlines()[-1] == "toy-vlm --out c --init b" and len(third.splitlines()) == 3
 
 
 def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
