@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -240,6 +241,14 @@ def test_bad_recipes_fail_at_load_time_naming_the_key(override, message):
         load_recipe(TINY_SD, [*SMALL, override])
 
 
+def _free_port() -> int:
+    """A TCP port no one listens on now: a fixed one fails the run when another run (or a killed
+    one's leftover worker) still holds it (seen in CI: EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
     script = Path(__file__).with_name("distributed_run.py")
@@ -253,7 +262,7 @@ def test_two_processes_match_one_process(tmp_path):
         "--nproc_per_node",
         "2",
         "--master_port",
-        "29533",
+        str(_free_port()),
     ]
     subprocess.run(
         [*launcher, str(script), str(tmp_path / "two")], check=True, env=env, cwd=ROOT, timeout=600
@@ -275,10 +284,10 @@ def test_two_processes_match_one_process(tmp_path):
     assert any(not torch.equal(single[n], initial[n]) for n in single)
 
 
-def _torchrun(script: Path, out: Path, *overrides: str, processes: int = 2, port: int = 29541) -> None:
+def _torchrun(script: Path, out: Path, *overrides: str, processes: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-    launcher += ["--master_port", str(port)]
+    launcher += ["--master_port", str(_free_port())]
     command = [*launcher, str(script)] if processes > 1 else [sys.executable, str(script)]
     subprocess.run([*command, str(out), *overrides], check=True, env=env, cwd=ROOT, timeout=600)
 
@@ -297,8 +306,8 @@ def test_fsdp_two_processes_match_one_process_and_resume(tmp_path, lora):
     extra = [] if lora else ["model.lora=null", "train.learning_rate=1e-3"]
     _torchrun(script, tmp_path / "fsdp", "train.fsdp=true", *extra)
     _torchrun(script, tmp_path / "one", *extra, processes=1)
-    _torchrun(script, tmp_path / "resumed", "train.fsdp=true", "train.num_steps=1", *extra, port=29542)
-    _torchrun(script, tmp_path / "resumed", "train.fsdp=true", "logging.resume=latest", *extra, port=29543)
+    _torchrun(script, tmp_path / "resumed", "train.fsdp=true", "train.num_steps=1", *extra)
+    _torchrun(script, tmp_path / "resumed", "train.fsdp=true", "logging.resume=latest", *extra)
     rank0 = load_file(tmp_path / "fsdp" / "params-rank0.safetensors")
     rank1 = load_file(tmp_path / "fsdp" / "params-rank1.safetensors")
     single = load_file(tmp_path / "one" / "params-rank0.safetensors")
