@@ -52,6 +52,9 @@ from genalign.toy.shapes_eval import evaluate
 IMAGE_SIZE = 48
 TOKEN_LENGTH = 16  # the longest toy caption is 10 words + BOS + EOS
 SD_BETAS = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear"}
+# the KL weight of the Stable Diffusion autoencoder objective (Rombach et al. 2022); VAE folders
+# written before the recipe recorded its KL weight were trained with it
+SD_KL_WEIGHT = 1e-6
 FAMILIES = ("sd", "consistency", "flow")
 # Sampling settings the cards are measured with (and the RL recipes use).
 DEFAULT_EVAL = {
@@ -401,7 +404,7 @@ def train_vae(
     lr: float = 2e-3,
     num_images: int = 4000,
     seed: int = 0,
-    kl_weight: float = 1e-6,
+    kl_weight: float = SD_KL_WEIGHT,
     crop: int = 24,
     block_out_channels: Sequence[int] = (16, 32, 32),
     log_every: int = 100,
@@ -1228,7 +1231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kl-weight",
         type=float,
-        help="vae: weight of the KL term (default 1e-6, Stable Diffusion's); larger values make the decoder "
+        help=f"vae: weight of the KL term (default {SD_KL_WEIGHT:g}, Stable Diffusion's); larger values make the decoder "
         "robust to latent noise",
     )
     parser.add_argument(
@@ -1303,7 +1306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
         )
         train = (
-            f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', 1e-6):g}); text encoder + UNet {total_steps} steps over "
+            f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); text encoder + UNet {total_steps} steps over "
             f"{len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
             f"{stage_seconds:.0f} s), AdamW, epsilon loss, caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
             f"{info['train_seconds']:.0f} s in all on one CPU thread. The UNet adds the attention-pooled prompt "

@@ -249,27 +249,24 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _torchrun(script: Path, out: Path, *overrides: str, processes: int = 2) -> None:
+    """Run ``script`` on ``processes`` CPU processes (torchrun on a free port) or, for one, plainly.
+
+    accelerate's own launcher starts several CPU processes only through mpirun; torchrun sets the
+    same environment (RANK, WORLD_SIZE, MASTER_ADDR) and accelerate initialises gloo from it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(script)]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                   "--master_port", str(_free_port()), str(script)]  # fmt: skip
+    subprocess.run([*command, str(out), *overrides], check=True, env=env, cwd=ROOT, timeout=600)
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
     script = Path(__file__).with_name("distributed_run.py")
-    env = {**os.environ, "GENALIGN_TINY_CACHE": os.environ["GENALIGN_TINY_CACHE"], "OMP_NUM_THREADS": "1"}
-    # accelerate's own launcher starts several CPU processes only through mpirun; torchrun sets the
-    # same environment (RANK, WORLD_SIZE, MASTER_ADDR) and accelerate initialises gloo from it.
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-    ]
-    subprocess.run(
-        [*launcher, str(script), str(tmp_path / "two")], check=True, env=env, cwd=ROOT, timeout=600
-    )
-    subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "one")], check=True, env=env, cwd=ROOT, timeout=600
-    )
+    _torchrun(script, tmp_path / "two")
+    _torchrun(script, tmp_path / "one", processes=1)
     from safetensors.torch import load_file
 
     rank0 = load_file(tmp_path / "two" / "params-rank0.safetensors")
@@ -282,14 +279,6 @@ def test_two_processes_match_one_process(tmp_path):
         # same samples, same update up to float summation order (Adam amplifies ~1e-7 differences)
         torch.testing.assert_close(rank0[name], single[name], atol=1e-4, rtol=1e-3)
     assert any(not torch.equal(single[n], initial[n]) for n in single)
-
-
-def _torchrun(script: Path, out: Path, *overrides: str, processes: int = 2) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-    launcher += ["--master_port", str(_free_port())]
-    command = [*launcher, str(script)] if processes > 1 else [sys.executable, str(script)]
-    subprocess.run([*command, str(out), *overrides], check=True, env=env, cwd=ROOT, timeout=600)
 
 
 @pytest.mark.slow
