@@ -175,6 +175,109 @@ def build_text_encoder(
     return CLIPTextModelWithProjection(config) if projection_dim else CLIPTextModel(config)
 
 
+def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> torch.nn.Module:
+    """An open_clip CLIP's text tower (toy-clip's) as a transformers ``CLIPTextModel`` over
+    ``tokenizer``'s vocabulary (the toy tokenizer): what Stable Diffusion conditions on, a pretrained
+    CLIP text encoder (Rombach et al. 2022, Sec. 4.3), with weights copied, not retrained.
+
+    ``clip_model`` is an open_clip model or a folder with ``open_clip_config.json`` (loaded as
+    ``local-dir:``). Both towers are pre-LayerNorm causal transformers with exact GELU; the fused
+    ``in_proj`` is split into query, key and value, and the last hidden state (after ``ln_final``,
+    before ``text_projection``) is what the UNet attends to. Token rows: each toy token takes the row
+    of the same symbol in open_clip's vocabulary (start and end of text map to open_clip's); a
+    symbol open_clip splits (``triangles</w>``: ``tri`` + ``angles</w>``) takes its lemma's row
+    (``triangle</w>``), and a symbol it lacks that no toy caption produces (an intermediate merge)
+    takes the mean row. Padding stays the end-of-text token, after which the causal mask keeps every
+    position up to and including it identical to open_clip's.
+    """
+    import open_clip
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    if not isinstance(clip_model, torch.nn.Module):
+        folder = Path(clip_model)
+        if not (folder / "open_clip_config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no open_clip_config.json: not an open_clip model folder")
+        clip_model = open_clip.create_model(f"local-dir:{folder}")
+    clip_tokenizer = open_clip.tokenizer.SimpleTokenizer()
+    blocks = clip_model.transformer.resblocks
+    width = clip_model.token_embedding.embedding_dim
+    if clip_model.positional_embedding.shape[0] < tokenizer.model_max_length:
+        raise ValueError(
+            f"the CLIP text tower has {clip_model.positional_embedding.shape[0]} positions, fewer than the "
+            f"tokenizer's {tokenizer.model_max_length}"
+        )
+    if any(not isinstance(block.mlp.gelu, torch.nn.GELU) for block in blocks):
+        raise ValueError("only open_clip text towers with exact GELU convert (this one uses QuickGELU)")
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=width,
+        intermediate_size=blocks[0].mlp.c_fc.out_features,
+        num_hidden_layers=len(blocks),
+        num_attention_heads=blocks[0].attn.num_heads,
+        max_position_embeddings=tokenizer.model_max_length,
+        hidden_act="gelu",
+        layer_norm_eps=clip_model.ln_final.eps,
+        projection_dim=width,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    encoder = CLIPTextModel(config).eval()
+    source = clip_model.token_embedding.weight.detach()
+    special = {
+        tokenizer.bos_token: clip_tokenizer.sot_token_id,
+        tokenizer.eos_token: clip_tokenizer.eot_token_id,
+    }
+    rows = torch.empty(len(tokenizer), width)
+    for symbol, index in tokenizer.get_vocab().items():
+        if symbol in special:
+            rows[index] = source[special[symbol]]
+        elif symbol in clip_tokenizer.encoder:
+            rows[index] = source[clip_tokenizer.encoder[symbol]]
+        elif symbol.endswith("s</w>") and symbol[:-5] + "</w>" in clip_tokenizer.encoder:
+            rows[index] = source[clip_tokenizer.encoder[symbol[:-5] + "</w>"]]
+        else:
+            rows[index] = source.mean(0)
+    state = {
+        "text_model.embeddings.token_embedding.weight": rows,
+        "text_model.embeddings.position_embedding.weight": clip_model.positional_embedding[
+            : tokenizer.model_max_length
+        ],
+        "text_model.final_layer_norm.weight": clip_model.ln_final.weight,
+        "text_model.final_layer_norm.bias": clip_model.ln_final.bias,
+    }
+    for i, block in enumerate(blocks):
+        prefix = f"text_model.encoder.layers.{i}."
+        for name, weight, bias in zip(
+            ("q_proj", "k_proj", "v_proj"),
+            block.attn.in_proj_weight.chunk(3),
+            block.attn.in_proj_bias.chunk(3),
+        ):
+            state[prefix + f"self_attn.{name}.weight"], state[prefix + f"self_attn.{name}.bias"] = (
+                weight,
+                bias,
+            )
+        state[prefix + "self_attn.out_proj.weight"] = block.attn.out_proj.weight
+        state[prefix + "self_attn.out_proj.bias"] = block.attn.out_proj.bias
+        for ours, theirs in (("layer_norm1", block.ln_1), ("layer_norm2", block.ln_2)):
+            state[prefix + f"{ours}.weight"], state[prefix + f"{ours}.bias"] = theirs.weight, theirs.bias
+        state[prefix + "mlp.fc1.weight"], state[prefix + "mlp.fc1.bias"] = (
+            block.mlp.c_fc.weight,
+            block.mlp.c_fc.bias,
+        )
+        state[prefix + "mlp.fc2.weight"], state[prefix + "mlp.fc2.bias"] = (
+            block.mlp.c_proj.weight,
+            block.mlp.c_proj.bias,
+        )
+    missing, unexpected = getattr(encoder, "text_model", encoder).load_state_dict(
+        {k.removeprefix("text_model."): v.detach().clone() for k, v in state.items()}, strict=False
+    )
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise RuntimeError(f"CLIP text tower conversion: missing {missing}, unexpected {unexpected}")
+    return encoder
+
+
 def build_vae(block_out_channels: Sequence[int] = (16, 32, 32), image_size: int = IMAGE_SIZE):
     """An ``AutoencoderKL`` that downsamples 4x into 4 latent channels (48 px -> 12 x 12 x 4).
 
@@ -523,6 +626,8 @@ def train_sd(
     init: str | Path | None = None,
     text_pooling: bool = True,
     snapshot_every: int | None = None,
+    v_weight_cap: float | None = None,
+    clip_text: str | Path | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the text encoder and UNet jointly from scratch on VAE latents of renders
     (or, with ``init``, continue from a saved toy-sd folder's text encoder and UNet; with
@@ -533,7 +638,13 @@ def train_sd(
     2020, eq. 14). With probability ``caption_dropout`` the caption is replaced by the empty
     prompt, which is what the pipeline encodes as the unconditional branch of classifier-free
     guidance (Ho & Salimans 2022, Algorithm 1). The saved weights are the EMA of both modules.
-    ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
+    With ``v_weight_cap`` the timesteps are drawn with probability proportional to
+    ``min(1 / a_t, v_weight_cap)`` instead (:func:`v_loss_timestep_weights`): in expectation that is
+    the v-prediction loss (Salimans & Ho 2022, eq. 7 form) of the same epsilon-parameterised model,
+    which weights the noisy timesteps where a small model decides global attributes (colour, count)
+    far more than L_simple does. With ``clip_text`` (an open_clip folder, toy-clip) the text encoder
+    is that CLIP's text tower (:func:`clip_text_encoder`), frozen as in Stable Diffusion, and only
+    the UNet trains (also when continuing from ``init``, whose text encoder it replaces). ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
     the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
     evaluated while it trains. Returns ``(pipeline, info)``.
     """
@@ -560,16 +671,24 @@ def train_sd(
         text_encoder, unet = start_from.text_encoder, start_from.unet
         if text_pooling:
             unet = add_text_pooling(unet)
+    if clip_text is not None:
+        text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False)
+        if unet.config.cross_attention_dim != text_encoder.config.hidden_size:
+            raise ValueError(
+                f"the UNet attends to {unet.config.cross_attention_dim}-d text states but the CLIP text tower "
+                f"{clip_text} gives {text_encoder.config.hidden_size}-d ones"
+            )
     noise_scheduler = DDPMScheduler(**SD_BETAS, clip_sample=False)
     alphas_cumprod = noise_scheduler.alphas_cumprod
-    params = [*text_encoder.parameters(), *unet.parameters()]
+    timestep_weights = None if v_weight_cap is None else v_loss_timestep_weights(alphas_cumprod, v_weight_cap)
+    params = [p for p in (*text_encoder.parameters(), *unet.parameters()) if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(min(200, steps // 10 + 1), steps))
     ema = EMA([text_encoder, unet], ema_decay)
     generator = torch.Generator().manual_seed(seed)
     log = _Log(log_every, steps, "toy-sd")
     start = time.time()
-    text_encoder.train()
+    text_encoder.train(clip_text is None)
     unet.train()
     done = 0
     for step in range(steps):
@@ -577,7 +696,10 @@ def train_sd(
         z0, tokens = latents[index], ids[index].clone()
         drop = torch.rand(batch_size, generator=generator) < caption_dropout
         tokens[drop] = empty_ids
-        t = torch.randint(0, len(alphas_cumprod), (batch_size,), generator=generator)
+        if timestep_weights is None:
+            t = torch.randint(0, len(alphas_cumprod), (batch_size,), generator=generator)
+        else:
+            t = torch.multinomial(timestep_weights, batch_size, replacement=True, generator=generator)
         noise = torch.randn(z0.shape, generator=generator)
         a = alphas_cumprod[t].view(-1, 1, 1, 1)
         zt = a.sqrt() * z0 + (1 - a).sqrt() * noise
@@ -612,6 +734,22 @@ def train_sd(
     return _finish_sd_layout(
         StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler(), done, log, start, out
     )
+
+
+def v_loss_timestep_weights(alphas_cumprod: torch.Tensor, cap: float) -> torch.Tensor:
+    """Timestep probabilities that turn epsilon MSE into (clipped) v-prediction MSE in expectation.
+
+    With ``v = sqrt(a_t) eps - sqrt(1 - a_t) z_0`` (Salimans & Ho 2022) and an epsilon-parameterised
+    model, ``z_0_hat = (z_t - sqrt(1 - a_t) eps_hat) / sqrt(a_t)``, so
+    ``v_hat - v = (eps_hat - eps) / sqrt(a_t)`` and ``||v_hat - v||^2 = ||eps_hat - eps||^2 / a_t``.
+    Drawing ``t`` with probability ``min(1 / a_t, cap) / Z`` and averaging plain epsilon MSE is an
+    unbiased estimate of ``E_t[min(1 / a_t, cap) ||eps_hat - eps||^2] / Z`` (the cap keeps the last
+    few timesteps, where ``1 / a_t`` reaches 200, from taking most of the batch).
+    """
+    if not cap >= 1:
+        raise ValueError(f"v_weight_cap must be at least 1 (1 gives uniform timesteps), got {cap}")
+    weights = (1.0 / alphas_cumprod.double()).clamp(max=cap)
+    return (weights / weights.sum()).float()
 
 
 # -- toy-lcm ----------------------------------------------------------------------------------------
@@ -1235,6 +1373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "robust to latent noise",
     )
     parser.add_argument(
+        "--clip-text",
+        help="toy-sd: an open_clip folder (toy-clip) whose text tower becomes the frozen text encoder",
+    )
+    parser.add_argument(
+        "--v-weight-cap",
+        type=float,
+        help="toy-sd: draw timesteps with probability min(1/alpha_bar_t, CAP), i.e. the v-prediction loss "
+        "(default: uniform timesteps, DDPM's L_simple)",
+    )
+    parser.add_argument(
         "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
     )
     parser.add_argument("--eval-steps", type=int)
@@ -1256,6 +1404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.kl_weight is not None and args.what != "vae":
         parser.error("--kl-weight is an option of the vae command only")
+    for option, value in (("--v-weight-cap", args.v_weight_cap), ("--clip-text", args.clip_text)):
+        if value is not None and args.what != "toy-sd":
+            parser.error(f"{option} is an option of the toy-sd command only")
     if args.what == "vae":
         if args.kl_weight is not None:
             options["kl_weight"] = args.kl_weight
@@ -1289,6 +1440,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.what == "toy-sd":
         vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-sd needs --vae"))
         vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+        if args.v_weight_cap is not None:
+            extra["v_weight_cap"] = args.v_weight_cap
+        if args.clip_text is not None:
+            extra["clip_text"] = args.clip_text
         _, info = train_sd(vae, out, init=args.init, snapshot_every=args.snapshot_every, **extra)
         family, name = "sd", "toy-sd"
         description = (
@@ -1306,9 +1461,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
         )
         train = (
-            f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); text encoder + UNet {total_steps} steps over "
+            f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); "
+            + (
+                f"text encoder: the text tower of {args.clip_text}, converted and frozen; UNet "
+                if args.clip_text
+                else "text encoder + UNet "
+            )
+            + f"{total_steps} steps over "
             f"{len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
-            f"{stage_seconds:.0f} s), AdamW, epsilon loss, caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
+            f"{stage_seconds:.0f} s), AdamW, epsilon prediction, "
+            + (
+                f"timesteps drawn with probability min(1/alpha_bar_t, {args.v_weight_cap:g}) (the v-prediction loss), "
+                if args.v_weight_cap
+                else "uniform timesteps (L_simple), "
+            )
+            + f"caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
             f"{info['train_seconds']:.0f} s in all on one CPU thread. The UNet adds the attention-pooled prompt "
             "to its timestep embedding (`addition_embed_type: text`); a stage continued from weights without it "
             "adds it as an exact extension (`add_text_pooling`)."

@@ -18,6 +18,7 @@ from genalign.toy.generators import (
     add_text_pooling,
     build_sd3_transformer,
     build_unet,
+    clip_text_encoder,
     evaluate_generator,
     guidance_scale_embedding,
     lcm_boundary_scalings,
@@ -26,6 +27,7 @@ from genalign.toy.generators import (
     toy_dataset,
     toy_tokenizer,
     toy_words,
+    v_loss_timestep_weights,
     train_flow,
     train_lcm,
     train_sd,
@@ -152,6 +154,9 @@ def test_vae_command_passes_the_kl_weight_and_rejects_it_elsewhere(tmp_path, cap
             ["toy-sd", "--out", str(tmp_path / "sd"), "--vae", str(tmp_path / "1e-6"), "--kl-weight", "1e-5"]
         )
     assert "--kl-weight is an option of the vae command only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["vae", "--out", str(tmp_path / "v"), "--v-weight-cap", "50"])
+    assert "--v-weight-cap is an option of the toy-sd command only" in capsys.readouterr().err
 
 
 def test_stage_commands_record_the_vae_each_stage_was_trained_on():
@@ -161,6 +166,122 @@ def test_stage_commands_record_the_vae_each_stage_was_trained_on():
     assert stage_commands(first, vae, "toy-sd --init s1") == [*first, "toy-sd --init s1"]
     moved = stage_commands(first, other_vae, "toy-sd --vae runs/vae2 --init s1")
     assert moved == [*first, other_vae, "toy-sd --vae runs/vae2 --init s1"]
+
+
+def test_v_loss_timestep_weights_make_epsilon_mse_the_v_loss():
+    from diffusers import DDPMScheduler
+
+    from genalign.toy.generators import SD_BETAS
+
+    alphas = DDPMScheduler(**SD_BETAS).alphas_cumprod
+    # the identity behind the weights, computed from v's definition (Salimans & Ho 2022):
+    # an epsilon model's implied v error is its epsilon error / sqrt(a_t)
+    g = torch.Generator().manual_seed(0)
+    z0, eps, eps_hat = (torch.randn(5, 4, 3, 3, generator=g) for _ in range(3))
+    t = torch.tensor([0, 250, 500, 750, 999])
+    a = alphas[t].view(-1, 1, 1, 1).double()
+    z0, eps, eps_hat = z0.double(), eps.double(), eps_hat.double()
+    zt = a.sqrt() * z0 + (1 - a).sqrt() * eps
+    z0_hat = (zt - (1 - a).sqrt() * eps_hat) / a.sqrt()
+    v, v_hat = a.sqrt() * eps - (1 - a).sqrt() * z0, a.sqrt() * eps_hat - (1 - a).sqrt() * z0_hat
+    v_mse = ((v_hat - v) ** 2).flatten(1).mean(1)
+    eps_mse = ((eps_hat - eps) ** 2).flatten(1).mean(1)
+    assert torch.allclose(v_mse, eps_mse / a.flatten(), rtol=1e-9)
+
+    uncapped = v_loss_timestep_weights(alphas, cap=1e9)
+    assert torch.allclose(uncapped, (1 / alphas) / (1 / alphas).sum(), rtol=1e-5)
+    assert torch.allclose(v_loss_timestep_weights(alphas, cap=1.0), torch.full((1000,), 1e-3))
+    capped = v_loss_timestep_weights(alphas, cap=50.0)
+    assert capped.sum().item() == pytest.approx(1.0, abs=1e-5)
+    # monotone in t, and flat where 1 / a_t passes the cap
+    assert (capped[1:] >= capped[:-1] - 1e-9).all()
+    assert capped[-1] == capped[-50] and capped[-1] / capped[0] == pytest.approx(
+        50 * alphas[0].item(), rel=1e-5
+    )
+    with pytest.raises(ValueError, match="v_weight_cap must be at least 1"):
+        v_loss_timestep_weights(alphas, cap=0.5)
+
+
+def test_sd_training_draws_timesteps_from_the_v_weights(tiny_vae, monkeypatch):
+    import genalign.toy.generators as generators
+
+    vae, _ = tiny_vae
+    drawn = []
+    real_multinomial = torch.multinomial
+
+    def spy(weights, n, **kwargs):
+        drawn.append(real_multinomial(weights, n, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(generators.torch, "multinomial", spy)
+    common = dict(steps=25, batch_size=8, lr=1e-3, num_images=8, unet_channels=(16, 32), text_hidden=32)
+    train_sd(vae, v_weight_cap=50.0, **common)
+    timesteps = torch.cat(drawn).float()
+    assert len(drawn) == 25
+    # 1 / a_t passes 2 at t = 354 and the cap 50 at t = 866: uniform draws put 35% of the timesteps
+    # below 354 (mean t 500), the capped v weights 3.6% (mean t 817)
+    assert (timesteps < 355).float().mean() < 0.1 and timesteps.mean() > 700
+    drawn.clear()
+    train_sd(vae, **common)
+    assert drawn == []  # the default stays DDPM's uniform timesteps
+
+
+def _reference_text_states(clip, tokens: torch.Tensor) -> torch.Tensor:
+    """open_clip's own computation of the states before ``text_projection`` (its ``encode_text``
+    up to ``ln_final``)."""
+    x = clip.token_embedding(tokens) + clip.positional_embedding[: tokens.shape[1]]
+    return clip.ln_final(clip.transformer(x, attn_mask=clip.attn_mask[: tokens.shape[1], : tokens.shape[1]]))
+
+
+def test_clip_text_tower_converts_to_a_transformers_text_encoder():
+    open_clip = pytest.importorskip("open_clip")
+    clip = open_clip.create_model(f"local-dir:{MODELS / 'toy-clip'}")
+    tokenizer = toy_tokenizer()
+    encoder = clip_text_encoder(MODELS / "toy-clip", tokenizer)
+    captions = ["a photo of a red circle", "a green diamond left of a black square", "two blue squares", ""]
+    ours = tokenizer(captions, padding="max_length", return_tensors="pt").input_ids
+    theirs = open_clip.get_tokenizer(f"local-dir:{MODELS / 'toy-clip'}")(captions)
+    with torch.no_grad():
+        states = encoder(ours)[0]
+        reference = _reference_text_states(clip, theirs)
+    for i, caption in enumerate(captions):  # up to the end-of-text token both see the same prefix
+        length = int((ours[i] == tokenizer.eos_token_id).nonzero()[0]) + 1
+        assert torch.equal(ours[i, 1 : length - 1] > 0, theirs[i, 1 : length - 1] > 0)
+        assert torch.allclose(states[i, :length], reference[i, :length], atol=1e-5), caption
+    # the plural open_clip splits (tri + angles) reads as its lemma; the colour words stay apart
+    with torch.no_grad():
+        plural, singular = (
+            encoder(tokenizer([c], padding="max_length", return_tensors="pt").input_ids)[0]
+            for c in ("two triangles", "two triangle")
+        )
+        colours = encoder(
+            tokenizer(
+                ["a red circle", "a orange circle"], padding="max_length", return_tensors="pt"
+            ).input_ids
+        )[0]
+    assert torch.allclose(plural, singular)
+    assert (colours[0, 3] - colours[1, 3]).norm() > 1.0
+    with pytest.raises(FileNotFoundError, match="open_clip_config.json"):
+        clip_text_encoder(MODELS / "toy-sd", tokenizer)
+    quick = open_clip.create_model(f"local-dir:{MODELS / 'toy-clip'}", force_quick_gelu=True)
+    with pytest.raises(ValueError, match="QuickGELU"):
+        clip_text_encoder(quick, tokenizer)
+
+
+def test_sd_training_on_a_clip_text_tower_freezes_it(tiny_vae, tmp_path):
+    pytest.importorskip("open_clip")
+    vae, _ = tiny_vae
+    frozen = clip_text_encoder(MODELS / "toy-clip", toy_tokenizer())
+    common = dict(steps=3, batch_size=4, num_images=8, unet_channels=(16, 32), log_every=10)
+    still, _ = train_sd(vae, lr=0.0, clip_text=MODELS / "toy-clip", **common)
+    moved, _ = train_sd(vae, lr=1e-2, clip_text=MODELS / "toy-clip", **common)
+    for pipe in (still, moved):
+        for name, value in frozen.state_dict().items():
+            assert torch.equal(pipe.text_encoder.state_dict()[name], value), name
+    # same seed: only the UNet's updates tell the two runs apart
+    assert any(not torch.equal(p, still.unet.state_dict()[n]) for n, p in moved.unet.state_dict().items())
+    with pytest.raises(ValueError, match="attends to 32-d text states"):
+        train_sd(vae, text_hidden=32, lr=1e-3, clip_text=MODELS / "toy-clip", **common)
 
 
 def test_sd_training_lowers_loss(tiny_vae):
