@@ -27,11 +27,11 @@ from genalign.toy.generators import (
     toy_dataset,
     toy_tokenizer,
     toy_words,
-    v_loss_timestep_weights,
     train_flow,
     train_lcm,
     train_sd,
     train_vae,
+    v_loss_timestep_weights,
 )
 
 MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
