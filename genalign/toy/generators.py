@@ -1448,7 +1448,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         family, name = "sd", "toy-sd"
         description = (
             "A small Stable Diffusion 1.x-architecture text-to-image model of the toy world (48 px), "
-            "trained from scratch. It follows prompts imperfectly, by design: room for RL."
+            + (
+                f"its UNet trained in stages on the toy world and, as in Stable Diffusion, conditioned on a frozen "
+                f"pretrained CLIP text encoder: the text tower of {args.clip_text}. "
+                if args.clip_text
+                else "trained from scratch. "
+            )
+            + "It follows prompts imperfectly, by design: room for RL."
         )
         load = f'StableDiffusionPipeline.from_pretrained("assets/models/{name}")'
         commands = stage_commands(
@@ -1468,7 +1474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else "text encoder + UNet "
             )
             + f"{total_steps} steps over "
-            f"{len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
+            f"{sum(' toy-sd ' in c for c in commands)} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
             f"{stage_seconds:.0f} s), AdamW, epsilon prediction, "
             + (
                 f"timesteps drawn with probability min(1/alpha_bar_t, {args.v_weight_cap:g}) (the v-prediction loss), "
@@ -1476,7 +1482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else "uniform timesteps (L_simple), "
             )
             + f"caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
-            f"{info['train_seconds']:.0f} s in all on one CPU thread. The UNet adds the attention-pooled prompt "
+            f"{info['train_seconds']:.0f} s in all on CPU ({args.threads} thread(s) this stage). The UNet adds the attention-pooled prompt "
             "to its timestep embedding (`addition_embed_type: text`); a stage continued from weights without it "
             "adds it as an exact extension (`add_text_pooling`)."
         )
