@@ -640,11 +640,12 @@ def train_sd(
     guidance (Ho & Salimans 2022, Algorithm 1). The saved weights are the EMA of both modules.
     With ``v_weight_cap`` the timesteps are drawn with probability proportional to
     ``min(1 / a_t, v_weight_cap)`` instead (:func:`v_loss_timestep_weights`): in expectation that is
-    the v-prediction loss (Salimans & Ho 2022, eq. 7 form) of the same epsilon-parameterised model,
+    the v-prediction loss (Salimans & Ho 2022, Sec. 4) of the same epsilon-parameterised model,
     which weights the noisy timesteps where a small model decides global attributes (colour, count)
     far more than L_simple does. With ``clip_text`` (an open_clip folder, toy-clip) the text encoder
     is that CLIP's text tower (:func:`clip_text_encoder`), frozen as in Stable Diffusion, and only
-    the UNet trains (also when continuing from ``init``, whose text encoder it replaces). ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
+    the UNet trains (also when continuing from ``init``, whose text encoder it replaces).
+    ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
     the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
     evaluated while it trains. Returns ``(pipeline, info)``.
     """
