@@ -193,6 +193,8 @@ def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> to
     import open_clip
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    from genalign.toy.reward_models import open_clip_blocks_to_transformers
+
     if not isinstance(clip_model, torch.nn.Module):
         folder = Path(clip_model)
         if not (folder / "open_clip_config.json").is_file():
@@ -238,40 +240,15 @@ def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> to
             rows[index] = source[clip_tokenizer.encoder[symbol[:-5] + "</w>"]]
         else:
             rows[index] = source.mean(0)
+    weights = clip_model.state_dict()  # load_state_dict below copies these into the new encoder
     state = {
-        "text_model.embeddings.token_embedding.weight": rows,
-        "text_model.embeddings.position_embedding.weight": clip_model.positional_embedding[
-            : tokenizer.model_max_length
-        ],
-        "text_model.final_layer_norm.weight": clip_model.ln_final.weight,
-        "text_model.final_layer_norm.bias": clip_model.ln_final.bias,
+        "embeddings.token_embedding.weight": rows,
+        "embeddings.position_embedding.weight": weights["positional_embedding"][: tokenizer.model_max_length],
+        "final_layer_norm.weight": weights["ln_final.weight"],
+        "final_layer_norm.bias": weights["ln_final.bias"],
+        **open_clip_blocks_to_transformers(weights, len(blocks)),
     }
-    for i, block in enumerate(blocks):
-        prefix = f"text_model.encoder.layers.{i}."
-        for name, weight, bias in zip(
-            ("q_proj", "k_proj", "v_proj"),
-            block.attn.in_proj_weight.chunk(3),
-            block.attn.in_proj_bias.chunk(3),
-        ):
-            state[prefix + f"self_attn.{name}.weight"], state[prefix + f"self_attn.{name}.bias"] = (
-                weight,
-                bias,
-            )
-        state[prefix + "self_attn.out_proj.weight"] = block.attn.out_proj.weight
-        state[prefix + "self_attn.out_proj.bias"] = block.attn.out_proj.bias
-        for ours, theirs in (("layer_norm1", block.ln_1), ("layer_norm2", block.ln_2)):
-            state[prefix + f"{ours}.weight"], state[prefix + f"{ours}.bias"] = theirs.weight, theirs.bias
-        state[prefix + "mlp.fc1.weight"], state[prefix + "mlp.fc1.bias"] = (
-            block.mlp.c_fc.weight,
-            block.mlp.c_fc.bias,
-        )
-        state[prefix + "mlp.fc2.weight"], state[prefix + "mlp.fc2.bias"] = (
-            block.mlp.c_proj.weight,
-            block.mlp.c_proj.bias,
-        )
-    missing, unexpected = getattr(encoder, "text_model", encoder).load_state_dict(
-        {k.removeprefix("text_model."): v.detach().clone() for k, v in state.items()}, strict=False
-    )
+    missing, unexpected = getattr(encoder, "text_model", encoder).load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise RuntimeError(f"CLIP text tower conversion: missing {missing}, unexpected {unexpected}")
@@ -1403,11 +1380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         }.items()
         if v
     }
-    if args.kl_weight is not None and args.what != "vae":
-        parser.error("--kl-weight is an option of the vae command only")
-    for option, value in (("--v-weight-cap", args.v_weight_cap), ("--clip-text", args.clip_text)):
-        if value is not None and args.what != "toy-sd":
-            parser.error(f"{option} is an option of the toy-sd command only")
+    for option, value, command in (
+        ("--kl-weight", args.kl_weight, "vae"),
+        ("--v-weight-cap", args.v_weight_cap, "toy-sd"),
+        ("--clip-text", args.clip_text, "toy-sd"),
+    ):
+        if value is not None and args.what != command:
+            parser.error(f"{option} is an option of the {command} command only")
     if args.what == "vae":
         if args.kl_weight is not None:
             options["kl_weight"] = args.kl_weight

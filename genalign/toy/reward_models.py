@@ -788,6 +788,32 @@ def _open_clip_vision(folder: str | Path) -> tuple[dict[str, Any], dict[str, tor
     return config["vision_cfg"], weights
 
 
+def open_clip_blocks_to_transformers(
+    weights: dict[str, torch.Tensor], layers: int
+) -> dict[str, torch.Tensor]:
+    """open_clip's residual attention blocks (``transformer.resblocks.{i}.*``, of its image or text
+    tower) renamed into transformers' CLIP ``encoder.layers.{i}.*``, the fused q/k/v split."""
+    names = {
+        "ln_1": "layer_norm1",
+        "ln_2": "layer_norm2",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+        "attn.out_proj": "self_attn.out_proj",
+    }
+    out = {}
+    for i in range(layers):
+        source, target = f"transformer.resblocks.{i}.", f"encoder.layers.{i}."
+        for old, new in names.items():
+            for kind in ("weight", "bias"):
+                out[f"{target}{new}.{kind}"] = weights[f"{source}{old}.{kind}"]
+        for kind in ("weight", "bias"):
+            q, k, v = weights[f"{source}attn.in_proj_{kind}"].chunk(3)
+            out[f"{target}self_attn.q_proj.{kind}"] = q
+            out[f"{target}self_attn.k_proj.{kind}"] = k
+            out[f"{target}self_attn.v_proj.{kind}"] = v
+    return out
+
+
 def open_clip_vision_to_transformers(
     weights: dict[str, torch.Tensor], layers: int
 ) -> dict[str, torch.Tensor]:
@@ -803,23 +829,7 @@ def open_clip_vision_to_transformers(
         "post_layernorm.weight": weights["ln_post.weight"],
         "post_layernorm.bias": weights["ln_post.bias"],
     }
-    names = {
-        "ln_1": "layer_norm1",
-        "ln_2": "layer_norm2",
-        "mlp.c_fc": "mlp.fc1",
-        "mlp.c_proj": "mlp.fc2",
-        "attn.out_proj": "self_attn.out_proj",
-    }
-    for i in range(layers):
-        source, target = f"transformer.resblocks.{i}.", f"encoder.layers.{i}."
-        for old, new in names.items():
-            for kind in ("weight", "bias"):
-                out[f"{target}{new}.{kind}"] = weights[f"{source}{old}.{kind}"]
-        for kind in ("weight", "bias"):
-            q, k, v = weights[f"{source}attn.in_proj_{kind}"].chunk(3)
-            out[f"{target}self_attn.q_proj.{kind}"] = q
-            out[f"{target}self_attn.k_proj.{kind}"] = k
-            out[f"{target}self_attn.v_proj.{kind}"] = v
+    out.update(open_clip_blocks_to_transformers(weights, layers))
     return out
 
 
