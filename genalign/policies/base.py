@@ -280,6 +280,14 @@ class DiffusionPolicy(torch.nn.Module):
         """The denoiser's output (after guidance) for ``latents`` at per-sample ``step_index`` [B]."""
         raise NotImplementedError
 
+    def forward_noise(
+        self, x0: torch.Tensor, noise: torch.Tensor, step_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise clean latents ``x0`` to the level of per-sample grid ``step_index`` (after
+        :meth:`set_timesteps`); returns ``(x_t, target)`` with ``target`` what the denoiser
+        regresses there (its training objective): eps, v, x_0 or the flow velocity."""
+        raise NotImplementedError
+
     def kernel(
         self,
         model_output: torch.Tensor,

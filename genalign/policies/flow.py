@@ -77,6 +77,14 @@ class FlowPolicy(DiffusionPolicy):
             generator=generator,
         )
 
+    def forward_noise(self, x0, noise, step_index):
+        """Rectified flow: x_t = (1 - sigma) x0 + sigma eps at the grid step's sigma; target
+        v* = eps - x0 (Liu et al. 2023; Esser et al. 2024, eq. 2 and Sec. 3.1)."""
+        sigma = self.scheduler.sigmas.cpu()[step_index.cpu().long()].to(x0.device, torch.float32)
+        sigma = sigma.reshape(-1, *([1] * (x0.ndim - 1)))
+        x0, noise = x0.float(), noise.to(x0.device).float()
+        return (1 - sigma) * x0 + sigma * noise, noise - x0
+
     def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
         return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
 

@@ -141,6 +141,25 @@ class SDPolicy(DiffusionPolicy):
             out = uncond + settings.guidance_scale * (text - uncond)
         return out
 
+    def forward_noise(self, x0, noise, step_index):
+        """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (DDPM, Ho et al. 2020, eq. 4) at the grid
+        step's timestep; the target follows the scheduler's ``prediction_type``."""
+        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].cpu().long()
+        abar = self.scheduler.alphas_cumprod.cpu()[t].to(x0.device, torch.float32)
+        abar = abar.reshape(-1, *([1] * (x0.ndim - 1)))
+        x0, noise = x0.float(), noise.to(x0.device).float()
+        x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
+        kind = self.scheduler.config.prediction_type
+        if kind == "epsilon":
+            target = noise
+        elif kind == "v_prediction":  # Salimans & Ho 2022, Sec. 4
+            target = abar.sqrt() * noise - (1 - abar).sqrt() * x0
+        elif kind == "sample":
+            target = x0
+        else:
+            raise ValueError(f"unknown prediction_type {kind!r} of the scheduler")
+        return x_t, target
+
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
         t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
         return ddim_step(

@@ -184,6 +184,21 @@ class NFTConfig:
 
 
 @dataclass
+class RWRConfig:
+    """Options of the ``rwr`` loss (reward-weighted regression, DDPO's baseline, Black et al. 2023
+    Sec. 4.1; ``genalign.trainers.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
+    (w = 1[A >= threshold]), A being each sample's advantage."""
+
+    weighting: Literal["exp", "sparse"] = "exp"
+    beta: float = 1.0
+    threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ConfigError(f"train.rwr.beta must be positive, got {self.beta}")
+
+
+@dataclass
 class SolRLConfig:
     """Options of the ``sol_rl`` rollout strategy (Sol-RL, 2025; ``genalign.trainers.sol_rl``).
 
@@ -245,7 +260,9 @@ class TrainConfig:
     ``gradient_accumulation_steps`` minibatches.
     """
 
-    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl"] = "grpo"
+    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr"] = (
+        "grpo"
+    )
     strategy: str = "groups"
     loss: str = "ppo_clip"
     num_steps: int = 10
@@ -280,6 +297,7 @@ class TrainConfig:
     fsdp_wrap: list[str] = field(default_factory=list)
     b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
     nft: NFTConfig = field(default_factory=NFTConfig)  # loss "nft"
+    rwr: RWRConfig = field(default_factory=RWRConfig)  # loss "rwr"
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)  # strategy "sol_rl"
 
     def __post_init__(self) -> None:

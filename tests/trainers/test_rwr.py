@@ -1,0 +1,191 @@
+"""Reward-weighted regression: the weights, each family's forward noising against diffusers'
+schedulers, the loss on tiny models against a manual recomputation, and a trainer run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.config import ConfigError
+from genalign.policies import LoraSpec, load_policy
+from genalign.trainers import LOSSES, build_trainer, load_recipe
+from genalign.trainers.config import RWRConfig, TrainConfig
+from genalign.trainers.rwr import RWRLoss, _step_noise, conditional_settings, rwr_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+
+
+def test_weights_are_ddpos_exponential_and_sparse_forms():
+    advantages = torch.tensor([-2.0, -0.5, 0.0, 0.7, 3.0])
+    expected = [math.exp(0.5 * a) for a in advantages.tolist()]
+    torch.testing.assert_close(rwr_weights(advantages, "exp", beta=0.5), torch.tensor(expected))
+    assert rwr_weights(advantages, "sparse", threshold=0.0).tolist() == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert rwr_weights(advantages, "sparse", threshold=1.0).tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="weighting 'softmax'"):
+        rwr_weights(advantages, "softmax")
+
+
+def test_config_is_validated_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="train.rwr.beta"):
+        RWRConfig(beta=0.0)
+    assert "rwr" in LOSSES.names()
+    recipe = ROOT / "configs" / "tiny" / "rwr_jpeg.yaml"
+    with pytest.raises(ConfigError, match="weighting"):
+        load_recipe(recipe, ["train.rwr.weighting=softmax"])
+    with pytest.raises(ConfigError, match="temperature"):
+        load_recipe(recipe, ["train.rwr.temperature=2"])
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
+def test_sd_forward_noise_matches_diffusers(prediction_type):
+    from diffusers import DDIMScheduler
+
+    from genalign.policies.sd import SDPolicy
+
+    scheduler = DDIMScheduler(num_train_timesteps=1000, prediction_type=prediction_type)
+    scheduler.set_timesteps(10)
+    policy = SDPolicy.__new__(SDPolicy)  # forward_noise only reads the scheduler
+    torch.nn.Module.__init__(policy)
+    policy.scheduler = scheduler
+    x0, noise = torch.randn(3, 4, 6, 6), torch.randn(3, 4, 6, 6)
+    step_index = torch.tensor([0, 4, 9])
+    x_t, target = policy.forward_noise(x0, noise, step_index)
+    t = scheduler.timesteps[step_index]
+    torch.testing.assert_close(x_t, scheduler.add_noise(x0, noise, t))
+    expected = {"epsilon": noise, "v_prediction": scheduler.get_velocity(x0, noise, t), "sample": x0}
+    torch.testing.assert_close(target, expected[prediction_type])
+
+
+def test_flow_forward_noise_matches_diffusers():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from genalign.policies.flow import FlowPolicy
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(6)
+    policy = FlowPolicy.__new__(FlowPolicy)
+    torch.nn.Module.__init__(policy)
+    policy.scheduler = scheduler
+    x0, noise = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
+    step_index = torch.tensor([1, 5])
+    x_t, target = policy.forward_noise(x0, noise, step_index)
+    for row, index in enumerate(step_index.tolist()):
+        t = scheduler.timesteps[index : index + 1]
+        torch.testing.assert_close(
+            x_t[row : row + 1], scheduler.scale_noise(x0[row : row + 1], t, noise[row : row + 1])
+        )
+    torch.testing.assert_close(target, noise - x0)
+
+
+@pytest.fixture(scope="module")
+def sd_policy(tmp_path_factory):
+    import os
+
+    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
+    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
+
+
+@pytest.mark.parametrize("weighting", ["exp", "sparse"])
+def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting):
+    policy = sd_policy
+    config = TrainConfig(group_size=2, minibatch_size=2, rwr=RWRConfig(weighting=weighting, beta=0.7))
+    loss_fn = RWRLoss(config)
+    trajectory = policy.rollout(
+        ["a red circle", "a blue square", "a cat"],
+        seeds=torch.tensor([3, 4, 5]),
+        num_inference_steps=4,
+        guidance_scale=3.0,
+        eta=1.0,
+    )
+    for name, parameter in policy.denoiser.named_parameters():
+        if "lora_B" in name:
+            parameter.data.normal_(0, 0.05)
+    step_index = torch.tensor([0, 2, 3])
+    advantages = torch.tensor([1.5, -0.4, 0.2])
+    loss, metrics = loss_fn(policy, trajectory, step_index, advantages)
+
+    # by hand: diffusers' add_noise, the UNet's conditional branch, the epsilon target
+    scheduler = policy.scheduler
+    t = scheduler.timesteps[step_index]
+    x0 = trajectory.latents[:, -1].float()
+    eps = _step_noise(trajectory.seeds, step_index, x0.shape[1:])
+    x_t = scheduler.add_noise(x0, eps, t)
+    with torch.no_grad():
+        out = policy.pipeline.unet(
+            x_t, t, encoder_hidden_states=trajectory.conditioning["prompt_embeds"]
+        ).sample
+    errors = ((out - eps) ** 2).mean(dim=(1, 2, 3))
+    if weighting == "exp":
+        weights = torch.exp(0.7 * advantages)
+    else:
+        weights = (advantages >= 0).float()
+    torch.testing.assert_close(loss.detach(), (weights * errors).mean(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(metrics["rwr_denoise_loss"], errors.mean(), rtol=1e-5, atol=1e-7)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+    policy.zero_grad(set_to_none=True)
+    # the noise is a function of (sample seed, step index) only
+    assert torch.equal(eps, _step_noise(trajectory.seeds, step_index, x0.shape[1:]))
+    assert not torch.equal(eps, _step_noise(trajectory.seeds, torch.tensor([1, 2, 3]), x0.shape[1:]))
+
+
+def test_sparse_weights_give_plain_fine_tuning_on_the_kept_samples(sd_policy):
+    """w = 1[A >= 0] over three samples is the denoising loss of the kept two, times 2/3."""
+    policy = sd_policy
+    loss_fn = RWRLoss(TrainConfig(group_size=2, minibatch_size=2, rwr=RWRConfig(weighting="sparse")))
+    trajectory = policy.rollout(
+        ["a red circle", "a blue square", "a cat"], seeds=torch.tensor([7, 8, 9]), num_inference_steps=4
+    )
+    step_index = torch.tensor([1, 1, 2])
+    loss, _ = loss_fn(policy, trajectory, step_index, torch.tensor([0.5, -1.0, 0.0]))
+    grads = torch.autograd.grad(loss, policy.trainable_parameters(), allow_unused=True)
+    kept = trajectory.select([0, 2])
+    plain, _ = loss_fn(policy, kept, step_index[[0, 2]], torch.tensor([0.0, 0.0]))
+    plain_grads = torch.autograd.grad(plain * 2 / 3, policy.trainable_parameters(), allow_unused=True)
+    for a, b in zip(grads, plain_grads):
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-8)
+    # no sample kept: no gradient at all
+    empty, metrics = loss_fn(policy, trajectory, step_index, torch.tensor([-1.0, -2.0, -0.5]))
+    assert empty.item() == 0.0 and metrics["rwr_kept"].item() == 0.0
+
+
+def test_conditional_settings_drop_cfg_but_keep_an_embedded_guidance(sd_policy):
+    trajectory = sd_policy.rollout(
+        ["a cat"], seeds=torch.tensor([1]), num_inference_steps=2, guidance_scale=4.0
+    )
+    assert conditional_settings(sd_policy, trajectory.settings).guidance_scale == 1.0
+
+    class Embedded:
+        guidance_embedded = True
+
+    assert conditional_settings(Embedded(), trajectory.settings).guidance_scale == 4.0
+
+
+def test_trainer_runs_rwr_and_resumes(tmp_path):
+    recipe = ROOT / "configs" / "tiny" / "rwr_jpeg.yaml"
+    config = load_recipe(recipe, [f"logging.run_dir={tmp_path}/run", "train.num_steps=2"])
+    trainer = build_trainer(config)
+    initial = [p.detach().clone() for p in trainer.parameters]
+    history = trainer.train()
+    assert len(history) == 2 and all("rwr_denoise_loss" in m for m in history)
+    assert all(not torch.equal(a, b) for a, b in zip(initial, trainer.parameters))
+    # resuming continues from the checkpoint: one more step, from the trained weights
+    trained = [p.detach().clone() for p in trainer.parameters]
+    longer = load_recipe(
+        recipe, [f"logging.run_dir={tmp_path}/run", "train.num_steps=3", "logging.resume=latest"]
+    )
+    resumed = build_trainer(longer)
+    history = resumed.train()  # the restored steps and the new one
+    assert [m["step"] for m in history] == [0, 1, 2] and resumed.step == 3
+    assert all(not torch.equal(a, b) for a, b in zip(trained, resumed.parameters))
