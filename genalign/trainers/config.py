@@ -187,11 +187,14 @@ class NFTConfig:
 class RWRConfig:
     """Options of the ``rwr`` loss (reward-weighted regression, DDPO's baseline, Black et al. 2023
     Sec. 4.1; ``genalign.trainers.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
-    (w = 1[A >= threshold]), A being each sample's advantage."""
+    (w = 1[A >= threshold]), A being each sample's advantage; ``guided``: regress the output the
+    rollouts were sampled with (classifier-free guidance included) instead of the conditional
+    branch."""
 
     weighting: Literal["exp", "sparse"] = "exp"
     beta: float = 1.0
     threshold: float = 0.0
+    guided: bool = False
 
     def __post_init__(self) -> None:
         if self.beta <= 0:

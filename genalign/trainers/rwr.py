@@ -86,7 +86,7 @@ class RWRLoss(PolicyLoss):
         x0 = trajectory.latents[:, -1].float()
         eps = _step_noise(trajectory.seeds, step_index, x0.shape[1:]).to(x0.device)
         x_t, target = policy.forward_noise(x0, eps, step_index)
-        plain = conditional_settings(policy, settings)
+        plain = settings if rwr.guided else conditional_settings(policy, settings)
         prediction = policy.predict(x_t, step_index, trajectory.conditioning, plain).float()
         dims = tuple(range(1, x0.ndim))
         error = ((prediction - target) ** 2).mean(dims)  # (B,)

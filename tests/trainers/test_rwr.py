@@ -93,10 +93,11 @@ def sd_policy(tmp_path_factory):
     return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
 
 
-@pytest.mark.parametrize("weighting", ["exp", "sparse"])
-def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting):
+@pytest.mark.parametrize(("weighting", "guided"), [("exp", False), ("sparse", False), ("exp", True)])
+def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting, guided):
     policy = sd_policy
-    config = TrainConfig(group_size=2, minibatch_size=2, rwr=RWRConfig(weighting=weighting, beta=0.7))
+    rwr = RWRConfig(weighting=weighting, beta=0.7, guided=guided)
+    config = TrainConfig(group_size=2, minibatch_size=2, rwr=rwr)
     loss_fn = RWRLoss(config)
     trajectory = policy.rollout(
         ["a red circle", "a blue square", "a cat"],
@@ -112,16 +113,19 @@ def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting
     advantages = torch.tensor([1.5, -0.4, 0.2])
     loss, metrics = loss_fn(policy, trajectory, step_index, advantages)
 
-    # by hand: diffusers' add_noise, the UNet's conditional branch, the epsilon target
+    # by hand: diffusers' add_noise, the UNet's conditional branch (or the guided output the
+    # rollout sampled with), the epsilon target
     scheduler = policy.scheduler
     t = scheduler.timesteps[step_index]
     x0 = trajectory.latents[:, -1].float()
     eps = _step_noise(trajectory.seeds, step_index, x0.shape[1:])
     x_t = scheduler.add_noise(x0, eps, t)
+    unet, cond = policy.pipeline.unet, trajectory.conditioning
     with torch.no_grad():
-        out = policy.pipeline.unet(
-            x_t, t, encoder_hidden_states=trajectory.conditioning["prompt_embeds"]
-        ).sample
+        out = unet(x_t, t, encoder_hidden_states=cond["prompt_embeds"]).sample
+        if guided:
+            uncond = unet(x_t, t, encoder_hidden_states=cond["negative_prompt_embeds"]).sample
+            out = uncond + 3.0 * (out - uncond)
     errors = ((out - eps) ** 2).mean(dim=(1, 2, 3))
     if weighting == "exp":
         weights = torch.exp(0.7 * advantages)
