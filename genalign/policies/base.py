@@ -288,6 +288,13 @@ class DiffusionPolicy(torch.nn.Module):
         regresses there (its training objective): eps, v, x_0 or the flow velocity."""
         raise NotImplementedError
 
+    def predict_x0(
+        self, x_t: torch.Tensor, model_output: torch.Tensor, step_index: torch.Tensor
+    ) -> torch.Tensor:
+        """The clean latents the denoiser's ``model_output`` at ``x_t`` (grid ``step_index``)
+        implies, in one step: the inverse of :meth:`forward_noise` given its target."""
+        raise NotImplementedError
+
     def kernel(
         self,
         model_output: torch.Tensor,

@@ -85,6 +85,12 @@ class FlowPolicy(DiffusionPolicy):
         x0, noise = x0.float(), noise.to(x0.device).float()
         return (1 - sigma) * x0 + sigma * noise, noise - x0
 
+    def predict_x0(self, x_t, model_output, step_index):
+        """x0 = x_t - sigma v (one Euler step to sigma = 0)."""
+        sigma = self.scheduler.sigmas.cpu()[step_index.cpu().long()].to(x_t.device, torch.float32)
+        sigma = sigma.reshape(-1, *([1] * (x_t.ndim - 1)))
+        return x_t.float() - sigma * model_output.float()
+
     def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
         return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
 

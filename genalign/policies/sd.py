@@ -160,6 +160,22 @@ class SDPolicy(DiffusionPolicy):
             raise ValueError(f"unknown prediction_type {kind!r} of the scheduler")
         return x_t, target
 
+    def predict_x0(self, x_t, model_output, step_index):
+        """x0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar) (DDIM, Song et al. 2021, eq. 12's
+        "predicted x0"); for v: x0 = sqrt(abar) x_t - sqrt(1 - abar) v."""
+        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].cpu().long()
+        abar = self.scheduler.alphas_cumprod.cpu()[t].to(x_t.device, torch.float32)
+        abar = abar.reshape(-1, *([1] * (x_t.ndim - 1)))
+        x_t, out = x_t.float(), model_output.float()
+        kind = self.scheduler.config.prediction_type
+        if kind == "epsilon":
+            return (x_t - (1 - abar).sqrt() * out) / abar.sqrt()
+        if kind == "v_prediction":
+            return abar.sqrt() * x_t - (1 - abar).sqrt() * out
+        if kind == "sample":
+            return out
+        raise ValueError(f"unknown prediction_type {kind!r} of the scheduler")
+
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
         t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
         return ddim_step(

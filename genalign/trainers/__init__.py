@@ -8,6 +8,7 @@ from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.losses import LOSSES, PolicyLoss, PPOClipLoss
 from genalign.trainers.nft import NFTLoss  # registers the "nft" loss
+from genalign.trainers.refl import ReFLLoss  # registers the "refl" loss
 from genalign.trainers.rwr import RWRLoss  # registers the "rwr" loss
 from genalign.trainers.sol_rl import SolRLStrategy  # registers the "sol_rl" strategy
 from genalign.trainers.strategies import STRATEGIES, GroupRolloutStrategy, RolloutBatch, RolloutStrategy
@@ -22,6 +23,7 @@ METHODS = {
     "sol_rl": "flow family, low-precision candidate pool + full-precision regeneration, NFT (Sol-RL 2025)",
     "b2diffurl": "sd/flow, backward progressive window + branch sampling, PPO-clip (Hu et al. 2025)",
     "rwr": "sd/flow/consistency, reward-weighted denoising loss on own samples (DDPO's RWR, Black et al. 2023)",
+    "refl": "sd/flow/consistency, differentiable reward through a one-step x0 prediction (ReFL, Xu et al. 2023)",
 }
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "NFTLoss",
     "PPOClipLoss",
     "RWRLoss",
+    "ReFLLoss",
     "ParameterEMA",
     "PolicyLoss",
     "RecipeConfig",

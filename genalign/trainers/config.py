@@ -202,6 +202,30 @@ class RWRConfig:
 
 
 @dataclass
+class ReFLConfig:
+    """Options of the ``refl`` loss (reward feedback learning, Xu et al. 2023;
+    ``genalign.trainers.refl``): the grid steps ``min_step .. max_step`` (0 = the noisiest; None:
+    the last) whose one-step x0 prediction is scored; ``guided``: predict with the rollouts'
+    classifier-free guidance instead of the conditional branch; ``scale``: the loss is
+    ``-scale * reward``."""
+
+    min_step: int = 0
+    max_step: int | None = None
+    guided: bool = True
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.min_step < 0:
+            raise ConfigError(f"train.refl.min_step must be >= 0, got {self.min_step}")
+        if self.max_step is not None and self.max_step < self.min_step:
+            raise ConfigError(
+                f"train.refl.max_step {self.max_step} must be >= train.refl.min_step {self.min_step}"
+            )
+        if self.scale <= 0:
+            raise ConfigError(f"train.refl.scale must be positive, got {self.scale}")
+
+
+@dataclass
 class SolRLConfig:
     """Options of the ``sol_rl`` rollout strategy (Sol-RL, 2025; ``genalign.trainers.sol_rl``).
 
@@ -263,9 +287,9 @@ class TrainConfig:
     ``gradient_accumulation_steps`` minibatches.
     """
 
-    method: Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr"] = (
-        "grpo"
-    )
+    method: Literal[
+        "ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl"
+    ] = "grpo"
     strategy: str = "groups"
     loss: str = "ppo_clip"
     num_steps: int = 10
@@ -301,6 +325,7 @@ class TrainConfig:
     b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
     nft: NFTConfig = field(default_factory=NFTConfig)  # loss "nft"
     rwr: RWRConfig = field(default_factory=RWRConfig)  # loss "rwr"
+    refl: ReFLConfig = field(default_factory=ReFLConfig)  # loss "refl"
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)  # strategy "sol_rl"
 
     def __post_init__(self) -> None:

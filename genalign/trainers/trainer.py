@@ -130,6 +130,9 @@ class Trainer:
         self.callbacks: list[Any] = []
         self.history: list[dict[str, Any]] = []
         self._last_images: torch.Tensor | None = None
+        bind = getattr(self.loss, "bind", None)  # a loss that needs the reward itself (ReFL)
+        if bind is not None:
+            bind(self)
 
     # ---- distributed helpers -------------------------------------------------------------------
     @property
@@ -200,6 +203,12 @@ class Trainer:
             # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
             # ODE included, and any step's noise level can be trained on
             stochastic = torch.arange(trajectory.num_steps)
+        loss_steps = getattr(self.loss, "train_steps", None)  # a loss's own window (ReFL)
+        if loss_steps is not None:
+            window = set(loss_steps(trajectory.num_steps).tolist())
+            stochastic = torch.tensor(
+                [int(i) for i in stochastic.tolist() if int(i) in window], dtype=torch.long
+            )
         if batch.train_steps is not None:
             allowed = set(batch.train_steps.tolist())
             stochastic = torch.tensor(
