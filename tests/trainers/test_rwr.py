@@ -44,47 +44,6 @@ def test_config_is_validated_naming_the_key(tmp_path):
         load_recipe(recipe, ["train.rwr.temperature=2"])
 
 
-@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
-def test_sd_forward_noise_matches_diffusers(prediction_type):
-    from diffusers import DDIMScheduler
-
-    from genalign.policies.sd import SDPolicy
-
-    scheduler = DDIMScheduler(num_train_timesteps=1000, prediction_type=prediction_type)
-    scheduler.set_timesteps(10)
-    policy = SDPolicy.__new__(SDPolicy)  # forward_noise only reads the scheduler
-    torch.nn.Module.__init__(policy)
-    policy.scheduler = scheduler
-    x0, noise = torch.randn(3, 4, 6, 6), torch.randn(3, 4, 6, 6)
-    step_index = torch.tensor([0, 4, 9])
-    x_t, target = policy.forward_noise(x0, noise, step_index)
-    t = scheduler.timesteps[step_index]
-    torch.testing.assert_close(x_t, scheduler.add_noise(x0, noise, t))
-    expected = {"epsilon": noise, "v_prediction": scheduler.get_velocity(x0, noise, t), "sample": x0}
-    torch.testing.assert_close(target, expected[prediction_type])
-
-
-def test_flow_forward_noise_matches_diffusers():
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    from genalign.policies.flow import FlowPolicy
-
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    scheduler.set_timesteps(6)
-    policy = FlowPolicy.__new__(FlowPolicy)
-    torch.nn.Module.__init__(policy)
-    policy.scheduler = scheduler
-    x0, noise = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
-    step_index = torch.tensor([1, 5])
-    x_t, target = policy.forward_noise(x0, noise, step_index)
-    for row, index in enumerate(step_index.tolist()):
-        t = scheduler.timesteps[index : index + 1]
-        torch.testing.assert_close(
-            x_t[row : row + 1], scheduler.scale_noise(x0[row : row + 1], t, noise[row : row + 1])
-        )
-    torch.testing.assert_close(target, noise - x0)
-
-
 @pytest.fixture(scope="module")
 def sd_policy(tmp_path_factory):
     import os
