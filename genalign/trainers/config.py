@@ -406,6 +406,13 @@ class RecipeConfig:
             raise ConfigError(
                 f"train.method {self.train.method!r} is for the {family!r} family, but model.family is {self.model.family!r}"
             )
+        # methods defined by their loss: another loss would silently train something else
+        losses = {"diffusion_nft": "nft", "rwr": "rwr", "refl": "refl"}
+        loss = losses.get(self.train.method)
+        if loss is not None and self.train.loss != loss:
+            raise ConfigError(
+                f"train.method {self.train.method!r} trains with train.loss {loss!r}, but train.loss is {self.train.loss!r}"
+            )
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps
         if self.train.strategy == "b2diffurl" and max(b2.split_step_start, b2.split_step_end or 0) > steps:

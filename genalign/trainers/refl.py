@@ -18,7 +18,8 @@ with the reward logging and the verifier monitors. ``train.kl_coef`` adds
 ``kl_coef * ||f_theta - f_ref||^2`` at the same x_t, a stand-in for the paper's pre-training loss
 that keeps the model near the reference. The reward must be differentiable
 (``reward.differentiable``: CLIP-family scores, PickScore, HPS, aesthetic, ensembles of them);
-advantages are not used.
+advantages are not used. Samples whose score is NaN are left out of the loss and counted
+(``refl_nan_count``).
 """
 
 from __future__ import annotations
@@ -80,8 +81,15 @@ class ReFLLoss(PolicyLoss):
         x0 = policy.predict_x0(x_t, output, step_index)
         images = policy.decode(x0.to(policy.model_dtype), settings).float()
         scores = self.reward(images, list(trajectory.prompts)).scores.float()
-        loss = -refl.scale * scores.mean()
-        metrics = {"policy_loss": loss.detach(), "refl_reward": scores.detach().mean()}
+        # a sample the reward cannot score (NaN) must not reach the weights: it is left out
+        finite = torch.isfinite(scores.detach())
+        kept = scores[finite]
+        loss = -refl.scale * kept.mean() if kept.numel() else 0.0 * output.float().sum()
+        metrics = {
+            "policy_loss": loss.detach(),
+            "refl_reward": kept.detach().mean() if kept.numel() else torch.tensor(float("nan")),
+            "refl_nan_count": (~finite).sum().float(),
+        }
         if config.kl_coef > 0:
             with torch.no_grad(), policy.reference():
                 reference = policy.predict(x_t, step_index, trajectory.conditioning, predict_settings)

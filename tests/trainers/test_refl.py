@@ -146,3 +146,42 @@ def test_trainer_trains_refl_within_its_window(tmp_path, monkeypatch):
     refl = config.train.refl
     assert seen and set(seen) <= set(range(refl.min_step, refl.max_step + 1))
     assert all(not torch.equal(a, b) for a, b in zip(initial, trainer.parameters))
+
+
+class HalfNaN(Redness):
+    def score(self, images, prompts, **metadata):
+        scores = super().score(images, prompts).scores
+        return RewardOutput(scores=torch.where(torch.arange(len(scores)) == 0, float("nan"), scores))
+
+
+def test_nan_scores_are_left_out_of_the_loss(sd_policy):
+    from types import SimpleNamespace
+
+    policy = sd_policy
+    loss_fn = ReFLLoss(TrainConfig(refl=ReFLConfig()))
+    loss_fn.bind(SimpleNamespace(reward=HalfNaN()))
+    trajectory = policy.rollout(["a cat", "a dog"], seeds=torch.tensor([5, 6]), num_inference_steps=4)
+    loss, metrics = loss_fn(policy, trajectory, torch.tensor([2, 2]), torch.zeros(2))
+    assert metrics["refl_nan_count"].item() == 1.0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in policy.trainable_parameters() if p.grad is not None)
+    policy.zero_grad(set_to_none=True)
+    both = ReFLLoss(TrainConfig(refl=ReFLConfig()))
+    both.bind(
+        SimpleNamespace(
+            reward=type(
+                "AllNaN",
+                (Redness,),
+                {"score": lambda self, i, p, **m: RewardOutput(scores=torch.full((len(i),), float("nan")))},
+            )()
+        )
+    )
+    loss, metrics = both(policy, trajectory, torch.tensor([2, 2]), torch.zeros(2))
+    assert loss.item() == 0.0 and metrics["refl_nan_count"].item() == 2.0
+    loss.backward()  # a zero loss still connected to the graph: the trainer's backward works
+
+
+def test_method_and_loss_must_agree():
+    recipe = ROOT / "configs" / "tiny" / "refl_clip.yaml"
+    with pytest.raises(ConfigError, match="train.method 'refl' trains with train.loss 'refl'"):
+        load_recipe(recipe, ["train.loss=ppo_clip"])
