@@ -1124,6 +1124,7 @@ def evaluate_generator(
     per_category: int | None = None,
     batch_size: int = 64,
     num_threads: int | None = None,
+    categories: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """ShapesEval of a generator on a prompt split, with fixed seeds.
 
@@ -1131,7 +1132,8 @@ def evaluate_generator(
         path: a model folder, ``tiny:NAME`` or an already loaded policy of ``family``.
         family: ``"sd"`` (deterministic DDIM, eta 0), ``"consistency"`` (LCM multistep sampling:
             the consistency estimate re-noised with seeded noise) or ``"flow"`` (Euler ODE).
-        split / per_category: which prompts (:func:`eval_prompts`).
+        split / per_category: which prompts (:func:`eval_prompts`); ``categories`` keeps only
+            those categories' prompts (seeds are then numbered over the kept prompts).
         num_per_prompt: images per prompt; image ``j`` of prompt ``i`` has seed
             ``seed + i * num_per_prompt + j``, whatever the batching.
         steps / guidance: sampling steps and guidance scale (default :data:`DEFAULT_EVAL`).
@@ -1151,6 +1153,11 @@ def evaluate_generator(
     with _threads(num_threads):
         policy = path if isinstance(path, DiffusionPolicy) else load_policy(family, str(path), train=False)
         prompts = eval_prompts(split, per_category)
+        if categories is not None:
+            unknown = sorted(set(categories) - {p.category for p in prompts})
+            if unknown:
+                raise ValueError(f"no {split} prompts in categories {unknown}")
+            prompts = [p for p in prompts if p.category in set(categories)]
         captions = [p.caption for p in prompts for _ in range(num_per_prompt)]
         specs = [p.spec for p in prompts for _ in range(num_per_prompt)]
         seeds = seed + torch.arange(len(captions))
@@ -1171,6 +1178,7 @@ def evaluate_generator(
         "family": family,
         "split": split,
         "per_category": per_category,
+        **({"categories": sorted(categories)} if categories is not None else {}),
         "num_prompts": len(prompts),
         "num_per_prompt": num_per_prompt,
         "seed": seed,
@@ -1367,6 +1375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-guidance", type=float)
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--eval-per-prompt", type=int, default=4)
+    parser.add_argument(
+        "--colour-per-prompt",
+        type=int,
+        help="card: also score the colour category of the train prompts with this many images per prompt",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -1399,6 +1412,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         eval_settings = card["eval"]["settings"]
         args.eval_steps, args.eval_guidance = eval_settings["steps"], eval_settings["guidance"]
         card.setdefault("extra_evals", {})[TRAIN_EVAL] = _train_evaluation(out, card["family"], args)
+        if args.colour_per_prompt:  # the single-object colour target, on more images than above
+            key = f"single-object colour, train prompts ({args.colour_per_prompt} images per prompt)"
+            card["extra_evals"][key] = evaluate_generator(
+                out,
+                card["family"],
+                split="train",
+                per_category=16,
+                num_per_prompt=args.colour_per_prompt,
+                seed=args.eval_seed,
+                steps=args.eval_steps,
+                guidance=args.eval_guidance,
+                categories=["colors"],
+            )
         write_card(out, card)
         return 0
     if args.what == "eval":

@@ -371,6 +371,16 @@ def test_text_pooling_extension_preserves_the_function_then_learns():
     assert fresh.add_embedding(text).abs().sum() > 0
 
 
+def test_evaluation_restricted_to_categories():
+    result = evaluate_generator(
+        "tiny:sd", "sd", split="train", per_category=2, num_per_prompt=1, steps=2, categories=["colors"]
+    )
+    assert list(result["per_category"]) == ["colors"] and result["counts"] == {"colors": 2}
+    assert result["settings"]["categories"] == ["colors"] and result["settings"]["num_prompts"] == 2
+    with pytest.raises(ValueError, match="no heldout prompts in categories \\['single_object'\\]"):
+        evaluate_generator("tiny:sd", "sd", per_category=1, steps=2, categories=["single_object"])
+
+
 # -- shipped models ------------------------------------------------------------------------------------
 
 
