@@ -185,8 +185,8 @@ class NFTConfig:
 
 @dataclass
 class RWRConfig:
-    """Options of the ``rwr`` loss (reward-weighted regression, DDPO's baseline, Black et al. 2023
-    Sec. 4.1; ``genalign.trainers.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
+    """Options of the ``rwr`` loss (reward-weighted regression, the baseline of DDPO, Black et al.
+    2023; ``genalign.trainers.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
     (w = 1[A >= threshold]), A being each sample's advantage; ``guided``: regress the output the
     rollouts were sampled with (classifier-free guidance included) instead of the conditional
     branch."""

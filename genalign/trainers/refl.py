@@ -1,8 +1,8 @@
 """ReFL: reward feedback learning, the gradient of a differentiable reward through one denoising step.
 
 Xu et al. 2023, "ImageReward: Learning and Evaluating Human Preferences for Text-to-Image
-Generation", Sec. 4 (Algorithm 1): denoise without gradients from x_T to a step t drawn from a
-window of the sampling chain, predict the clean sample from x_t in one step,
+Generation", the ReFL section and its Algorithm 1: denoise without gradients from x_T to a step
+t drawn from a window of the sampling chain, predict the clean sample from x_t in one step,
 
     x0_hat = (x_t - sqrt(1 - abar_t) eps_theta(x_t, t, c)) / sqrt(abar_t)        (eps models)
     x0_hat = x_t - sigma_t v_theta(x_t, t, c)                                   (rectified flow)

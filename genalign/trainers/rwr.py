@@ -1,14 +1,14 @@
 """Reward-weighted regression (RWR): reward-weighted denoising fine-tuning on the policy's own samples.
 
 The baseline DDPO is compared against (Black et al. 2023, "Training Diffusion Models with
-Reinforcement Learning", Sec. 4.1, building on Lee et al. 2023 and Peters & Schaal 2007): sample
-x_0 ~ p_theta(x_0 | c), score it, and minimise the ordinary denoising loss weighted by a function
-of the reward,
+Reinforcement Learning", its RWR baselines, after Lee et al. 2023 and Peters & Schaal 2007):
+sample x_0 ~ p_theta(x_0 | c), score it, and minimise the ordinary denoising loss weighted by a
+function of the reward,
 
     L(theta) = E_{c, x_0 ~ p_theta, t, eps} [ w(x_0, c) * || f_theta(x_t, t, c) - f*(x_0, eps, t) ||^2 ]
 
 with x_t the forward-noised sample and f* the regression target of the model's parameterisation
-(eps, v, or the flow velocity eps - x_0). DDPO's two weightings (Sec. 4.1):
+(eps, v, or the flow velocity eps - x_0). DDPO's two weightings:
 
     w_RWR    = exp(beta * r) / Z                                  (exponentiated reward)
     w_sparse = 1[r >= C]                                           (keep the samples above a threshold)
@@ -41,7 +41,7 @@ __all__ = ["RWRLoss", "rwr_weights"]
 def rwr_weights(
     advantages: torch.Tensor, weighting: str = "exp", beta: float = 1.0, threshold: float = 0.0
 ) -> torch.Tensor:
-    """Per-sample RWR weights (DDPO Sec. 4.1): ``exp(beta * A)`` or ``1[A >= threshold]``."""
+    """Per-sample RWR weights (DDPO's RWR baselines): ``exp(beta * A)`` or ``1[A >= threshold]``."""
     if weighting == "exp":
         return torch.exp(beta * advantages)
     if weighting == "sparse":
