@@ -77,18 +77,21 @@ class FlowPolicy(DiffusionPolicy):
             generator=generator,
         )
 
+    def _sigma(self, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """sigma at each sample's grid step, float32, shaped to broadcast against ``like``."""
+        sigma = self.scheduler.sigmas.cpu()[step_index.cpu().long()].to(like.device, torch.float32)
+        return sigma.reshape(-1, *([1] * (like.ndim - 1)))
+
     def forward_noise(self, x0, noise, step_index):
         """Rectified flow: x_t = (1 - sigma) x0 + sigma eps at the grid step's sigma; target
         v* = eps - x0 (Liu et al. 2023; Esser et al. 2024, eq. 2 and Sec. 3.1)."""
-        sigma = self.scheduler.sigmas.cpu()[step_index.cpu().long()].to(x0.device, torch.float32)
-        sigma = sigma.reshape(-1, *([1] * (x0.ndim - 1)))
+        sigma = self._sigma(step_index, x0)
         x0, noise = x0.float(), noise.to(x0.device).float()
         return (1 - sigma) * x0 + sigma * noise, noise - x0
 
     def predict_x0(self, x_t, model_output, step_index):
         """x0 = x_t - sigma v (one Euler step to sigma = 0)."""
-        sigma = self.scheduler.sigmas.cpu()[step_index.cpu().long()].to(x_t.device, torch.float32)
-        sigma = sigma.reshape(-1, *([1] * (x_t.ndim - 1)))
+        sigma = self._sigma(step_index, x_t)
         return x_t.float() - sigma * model_output.float()
 
     def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:

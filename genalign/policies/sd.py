@@ -141,12 +141,16 @@ class SDPolicy(DiffusionPolicy):
             out = uncond + settings.guidance_scale * (text - uncond)
         return out
 
+    def _alpha_bar(self, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """alpha_bar at each sample's grid step, float32, shaped to broadcast against ``like``."""
+        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].cpu().long()
+        abar = self.scheduler.alphas_cumprod.cpu()[t].to(like.device, torch.float32)
+        return abar.reshape(-1, *([1] * (like.ndim - 1)))
+
     def forward_noise(self, x0, noise, step_index):
         """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (DDPM, Ho et al. 2020, eq. 4) at the grid
         step's timestep; the target follows the scheduler's ``prediction_type``."""
-        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].cpu().long()
-        abar = self.scheduler.alphas_cumprod.cpu()[t].to(x0.device, torch.float32)
-        abar = abar.reshape(-1, *([1] * (x0.ndim - 1)))
+        abar = self._alpha_bar(step_index, x0)
         x0, noise = x0.float(), noise.to(x0.device).float()
         x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * noise
         kind = self.scheduler.config.prediction_type
@@ -163,9 +167,7 @@ class SDPolicy(DiffusionPolicy):
     def predict_x0(self, x_t, model_output, step_index):
         """x0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar) (DDIM, Song et al. 2021, eq. 12's
         "predicted x0"); for v: x0 = sqrt(abar) x_t - sqrt(1 - abar) v."""
-        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].cpu().long()
-        abar = self.scheduler.alphas_cumprod.cpu()[t].to(x_t.device, torch.float32)
-        abar = abar.reshape(-1, *([1] * (x_t.ndim - 1)))
+        abar = self._alpha_bar(step_index, x_t)
         x_t, out = x_t.float(), model_output.float()
         kind = self.scheduler.config.prediction_type
         if kind == "epsilon":
