@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genalign.trainers.losses import LOSSES, PolicyLoss
+from genalign.trainers.losses import LOSSES, PolicyLoss, reference_output_kl, seeded_noise
 
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy, Trajectory
@@ -208,12 +208,8 @@ class NFTLoss(PolicyLoss):
     # ---- the loss ------------------------------------------------------------------------------
     def noise(self, trajectory: Trajectory, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """eps ``[B, ...]``, one generator per sample keyed by (step, seed, step index)."""
-        rows = []
-        for seed, index in zip(trajectory.seeds.tolist(), step_index.tolist()):
-            key = ((self.current_step * 1_000_003 + int(seed)) * 1_000_003 + int(index) + 1) % (2**63 - 1)
-            generator = torch.Generator().manual_seed(key)
-            rows.append(torch.randn(like.shape[1:], generator=generator, dtype=torch.float32))
-        return torch.stack(rows).to(like.device, like.dtype)
+        noise = seeded_noise(trajectory.seeds, step_index, like.shape[1:], step=self.current_step)
+        return noise.to(like.device, like.dtype)
 
     def __call__(self, policy, trajectory, step_index, advantages):
         if policy.family != "flow":
@@ -248,9 +244,7 @@ class NFTLoss(PolicyLoss):
         loss = per_sample.mean()
         metrics = {"policy_loss": loss.detach(), **info}
         if config.kl_coef > 0:
-            with torch.no_grad(), policy.reference():
-                v_ref = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
-            kl = ((v_theta - v_ref) ** 2).mean(dim=tuple(range(1, x0.ndim)))
+            kl = reference_output_kl(policy, v_theta, x_t, step_index, trajectory.conditioning, settings)
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

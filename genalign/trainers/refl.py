@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genalign.trainers.losses import LOSSES, PolicyLoss
-from genalign.trainers.rwr import conditional_settings
+from genalign.trainers.losses import LOSSES, PolicyLoss, conditional_settings, reference_output_kl
 
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
@@ -91,9 +90,9 @@ class ReFLLoss(PolicyLoss):
             "refl_nan_count": (~finite).sum().float(),
         }
         if config.kl_coef > 0:
-            with torch.no_grad(), policy.reference():
-                reference = policy.predict(x_t, step_index, trajectory.conditioning, predict_settings)
-            kl = ((output.float() - reference.float()) ** 2).mean(dim=tuple(range(1, x_t.ndim)))
+            kl = reference_output_kl(
+                policy, output, x_t, step_index, trajectory.conditioning, predict_settings
+            )
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

@@ -28,12 +28,17 @@ step index being the one the sampler's grid gives that step. The conditional bra
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from genalign.trainers.losses import LOSSES, PolicyLoss
+from genalign.trainers.losses import (
+    LOSSES,
+    PolicyLoss,
+    conditional_settings,
+    reference_output_kl,
+    seeded_noise,
+)
 
 __all__ = ["RWRLoss", "rwr_weights"]
 
@@ -47,25 +52,6 @@ def rwr_weights(
     if weighting == "sparse":
         return (advantages >= threshold).to(advantages.dtype)
     raise ValueError(f"unknown RWR weighting {weighting!r}: use 'exp' or 'sparse'")
-
-
-def _step_noise(seeds: torch.Tensor, step_index: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """eps ``[B, *shape]``, one generator per sample keyed by (sample seed, step index)."""
-    rows = []
-    for seed, index in zip(seeds.tolist(), step_index.tolist()):
-        key = (int(seed) * 1_000_003 + int(index) + 1) % (2**63 - 1)
-        rows.append(torch.randn(shape, generator=torch.Generator().manual_seed(key)))
-    return torch.stack(rows)
-
-
-def conditional_settings(policy: Any, settings: Any) -> Any:
-    """The settings for a conditional (unguided) prediction: guidance 1 unless the guidance scale
-    is an input of the denoiser (guidance-distilled FLUX, LCM's w-embedding), where it stays."""
-    embedded = bool(getattr(policy, "guidance_embedded", False))
-    unet = getattr(getattr(policy, "pipeline", None), "unet", None)
-    if unet is not None and getattr(unet.config, "time_cond_proj_dim", None) is not None:
-        embedded = True
-    return settings if embedded else dataclasses.replace(settings, guidance_scale=1.0)
 
 
 @LOSSES.register("rwr")
@@ -84,7 +70,7 @@ class RWRLoss(PolicyLoss):
         settings = trajectory.settings
         policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
         x0 = trajectory.latents[:, -1].float()
-        eps = _step_noise(trajectory.seeds, step_index, x0.shape[1:]).to(x0.device)
+        eps = seeded_noise(trajectory.seeds, step_index, x0.shape[1:]).to(x0.device)
         x_t, target = policy.forward_noise(x0, eps, step_index)
         plain = settings if rwr.guided else conditional_settings(policy, settings)
         prediction = policy.predict(x_t, step_index, trajectory.conditioning, plain).float()
@@ -99,9 +85,7 @@ class RWRLoss(PolicyLoss):
             "rwr_kept": (weights > 0).float().mean(),
         }
         if config.kl_coef > 0:
-            with torch.no_grad(), policy.reference():
-                reference = policy.predict(x_t, step_index, trajectory.conditioning, plain).float()
-            kl = ((prediction - reference) ** 2).mean(dims)
+            kl = reference_output_kl(policy, prediction, x_t, step_index, trajectory.conditioning, plain)
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

@@ -203,17 +203,13 @@ class Trainer:
             # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
             # ODE included, and any step's noise level can be trained on
             stochastic = torch.arange(trajectory.num_steps)
-        loss_steps = getattr(self.loss, "train_steps", None)  # a loss's own window (ReFL)
-        if loss_steps is not None:
-            window = set(loss_steps(trajectory.num_steps).tolist())
-            stochastic = torch.tensor(
-                [int(i) for i in stochastic.tolist() if int(i) in window], dtype=torch.long
-            )
+        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
+        loss_steps = getattr(self.loss, "train_steps", None)
+        windows = [loss_steps(trajectory.num_steps)] if loss_steps is not None else []
         if batch.train_steps is not None:
-            allowed = set(batch.train_steps.tolist())
-            stochastic = torch.tensor(
-                [int(i) for i in stochastic.tolist() if int(i) in allowed], dtype=torch.long
-            )
+            windows.append(batch.train_steps)
+        for window in windows:
+            stochastic = stochastic[torch.isin(stochastic, window.to(stochastic.device))]
         if stochastic.numel() == 0:
             raise ValueError(
                 "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"

@@ -13,7 +13,8 @@ from genalign.config import ConfigError
 from genalign.policies import LoraSpec, load_policy
 from genalign.trainers import LOSSES, build_trainer, load_recipe
 from genalign.trainers.config import RWRConfig, TrainConfig
-from genalign.trainers.rwr import RWRLoss, _step_noise, conditional_settings, rwr_weights
+from genalign.trainers.losses import conditional_settings, seeded_noise
+from genalign.trainers.rwr import RWRLoss, rwr_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +78,7 @@ def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting
     scheduler = policy.scheduler
     t = scheduler.timesteps[step_index]
     x0 = trajectory.latents[:, -1].float()
-    eps = _step_noise(trajectory.seeds, step_index, x0.shape[1:])
+    eps = seeded_noise(trajectory.seeds, step_index, x0.shape[1:])
     x_t = scheduler.add_noise(x0, eps, t)
     unet, cond = policy.pipeline.unet, trajectory.conditioning
     with torch.no_grad():
@@ -96,8 +97,8 @@ def test_loss_on_an_sd_policy_equals_a_manual_recomputation(sd_policy, weighting
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
     policy.zero_grad(set_to_none=True)
     # the noise is a function of (sample seed, step index) only
-    assert torch.equal(eps, _step_noise(trajectory.seeds, step_index, x0.shape[1:]))
-    assert not torch.equal(eps, _step_noise(trajectory.seeds, torch.tensor([1, 2, 3]), x0.shape[1:]))
+    assert torch.equal(eps, seeded_noise(trajectory.seeds, step_index, x0.shape[1:]))
+    assert not torch.equal(eps, seeded_noise(trajectory.seeds, torch.tensor([1, 2, 3]), x0.shape[1:]))
 
 
 def test_sparse_weights_give_plain_fine_tuning_on_the_kept_samples(sd_policy):
