@@ -19,7 +19,7 @@ METHODS = {
     "grpo": "any family, group-relative advantages, PPO-clip (Shao et al. 2024)",
     "flow_grpo": "flow family, SDE rollouts, group advantages, KL to reference (Liu et al. 2025)",
     "rlcm": "consistency family, RLCM step policy, PPO-clip (Oertell et al. 2024)",
-    "diffusion_nft": "flow family, forward-process NFT loss, EMA old policy (Zheng et al. 2025)",
+    "diffusion_nft": "flow or sd family, forward-process NFT loss, EMA old policy (Zheng et al. 2025)",
     "sol_rl": "flow family, low-precision candidate pool + full-precision regeneration, NFT (Sol-RL 2025)",
     "b2diffurl": "sd/flow, backward progressive window + branch sampling, PPO-clip (Hu et al. 2025)",
     "rwr": "sd/flow/consistency, reward-weighted denoising loss on own samples (DDPO's RWR, Black et al. 2023)",

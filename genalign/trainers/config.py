@@ -395,16 +395,17 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         methods = {
-            "ddpo": "sd",
-            "flow_grpo": "flow",
-            "rlcm": "consistency",
-            "diffusion_nft": "flow",
-            "sol_rl": "flow",
+            "ddpo": ("sd",),
+            "flow_grpo": ("flow",),
+            "rlcm": ("consistency",),
+            "diffusion_nft": ("flow", "sd"),
+            "sol_rl": ("flow",),
         }
-        family = methods.get(self.train.method)
-        if family is not None and self.model.family != family:
+        families = methods.get(self.train.method)
+        if families is not None and self.model.family not in families:
+            names = " or ".join(repr(f) for f in families)
             raise ConfigError(
-                f"train.method {self.train.method!r} is for the {family!r} family, but model.family is {self.model.family!r}"
+                f"train.method {self.train.method!r} is for the {names} family, but model.family is {self.model.family!r}"
             )
         # methods defined by their loss: another loss would silently train something else
         losses = {"diffusion_nft": "nft", "rwr": "rwr", "refl": "refl"}

@@ -30,6 +30,17 @@ and the same for v-. Since x0+ - x_0 = -t (v+ - v*), this is the velocity loss o
 per sample by t / mean|v+ - v*|, which makes the loss scale-free across t. As in the official
 code, the loss is multiplied by c / beta (a constant gradient scale), and an optional
 ``train.kl_coef * ||v_theta - v_ref||^2`` keeps the policy near the reference model.
+
+Other parameterisations (our extension; the paper trains rectified flows). Eq. 7 mixes the
+denoiser's outputs linearly, and every parameterisation's one-step x0 prediction is affine in the
+output (flow: x0 = x_t - t v; DDPM eps: x0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar); v:
+x0 = sqrt(abar) x_t - sqrt(1 - abar) v), so x0(f+) = beta x0(f_theta) + (1 - beta) x0(f_old) and
+likewise for f-. The loss is therefore written once, on the policy's own forward process
+(``policy.forward_noise``: x_t and the regression target) and x0 prediction
+(``policy.predict_x0``): the adaptive form on x0 predictions, the plain form on the outputs
+against the regression target. For a flow policy this is exactly the equations above; for a
+DDPM-family (``sd``) policy it is DiffusionNFT's loss in that model's own parameterisation, with
+x_t drawn at the grid step's timestep.
 """
 
 from __future__ import annotations
@@ -49,7 +60,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NFTLoss", "nft_loss", "nft_old_policy_decay", "optimality_probability"]
+__all__ = ["NFTLoss", "nft_loss", "nft_loss_in_x0", "nft_old_policy_decay", "optimality_probability"]
+
+# families whose forward_noise / predict_x0 are a denoiser's training process (consistency is left
+# out: its UNet is eps-parameterised, but it was distilled for the LCM sampler, not trained on it)
+NFT_FAMILIES = ("flow", "sd")
 
 
 def optimality_probability(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
@@ -80,7 +95,8 @@ def nft_loss(
     adaptive_weighting: bool = True,
     weight_min: float = 1e-5,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-sample DiffusionNFT loss ``[B]`` (eq. 8 with the official adaptive weighting and c / beta).
+    """Per-sample DiffusionNFT loss ``[B]`` for a rectified flow (eq. 8 with the official adaptive
+    weighting and c / beta).
 
     Args:
         v_theta: ``[B, ...]`` velocity of the trained policy at (x_t, t) (with gradients).
@@ -91,32 +107,67 @@ def nft_loss(
         adaptive_weighting: divide each x0-space squared error by its stop-gradient mean absolute
             error (the official code); False gives the plain velocity losses of eq. 8.
     """
+    t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
+    v_old = v_old.detach()
+    return nft_loss_in_x0(
+        v_theta,
+        v_old,
+        (x_t - x0) / t_b,  # v* = eps - x0
+        x_t - t_b * v_theta,
+        x_t - t_b * v_old,
+        x0,
+        advantages,
+        beta=beta,
+        adv_clip=adv_clip,
+        adaptive_weighting=adaptive_weighting,
+        weight_min=weight_min,
+    )
+
+
+def nft_loss_in_x0(
+    out_theta: torch.Tensor,
+    out_old: torch.Tensor,
+    target: torch.Tensor,
+    x0_theta: torch.Tensor,
+    x0_old: torch.Tensor,
+    x0: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float = 1.0,
+    adv_clip: float = 5.0,
+    adaptive_weighting: bool = True,
+    weight_min: float = 1e-5,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-sample DiffusionNFT loss ``[B]`` in any parameterisation (module docstring).
+
+    ``out_theta`` / ``out_old``: the trained and the old denoiser's outputs at x_t; ``target``:
+    what the denoiser regresses there; ``x0_theta`` / ``x0_old``: the one-step x0 predictions
+    those outputs imply, which must be affine in the output (true of every diffusion and flow
+    parameterisation), so that the implicit policies' predictions are the same mixtures (eq. 7).
+    """
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
-    v_old = v_old.detach()
+    out_old, x0_old = out_old.detach(), x0_old.detach()
     dims = tuple(range(1, x0.ndim))
-    t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
     r = optimality_probability(advantages.to(x0.dtype), adv_clip)
-    v_positive = beta * v_theta + (1 - beta) * v_old  # eq. 7
-    v_negative = (1 + beta) * v_old - beta * v_theta
     if adaptive_weighting:
-        x0_positive = x_t - t_b * v_positive
-        x0_negative = x_t - t_b * v_negative
+        x0_positive = beta * x0_theta + (1 - beta) * x0_old  # eq. 7, mapped to x0
+        x0_negative = (1 + beta) * x0_old - beta * x0_theta
         with torch.no_grad():
             w_positive = (x0_positive.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
             w_negative = (x0_negative.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
         positive = ((x0_positive - x0) ** 2).mean(dims) / w_positive.to(x0.dtype)
         negative = ((x0_negative - x0) ** 2).mean(dims) / w_negative.to(x0.dtype)
     else:
-        target = (x_t - x0) / t_b  # v* = eps - x0
-        positive = ((v_positive - target) ** 2).mean(dims)
-        negative = ((v_negative - target) ** 2).mean(dims)
+        out_positive = beta * out_theta + (1 - beta) * out_old  # eq. 7
+        out_negative = (1 + beta) * out_old - beta * out_theta
+        positive = ((out_positive - target) ** 2).mean(dims)
+        negative = ((out_negative - target) ** 2).mean(dims)
     loss = (r * positive + (1 - r) * negative) * (adv_clip / beta)
     info = {
         "nft_positive_loss": positive.detach().mean(),
         "nft_negative_loss": negative.detach().mean(),
         "nft_r": r.detach().mean(),
-        "nft_old_deviation": ((v_theta.detach() - v_old) ** 2).mean(),
+        "nft_old_deviation": ((out_theta.detach() - out_old) ** 2).mean(),
     }
     return loss, info
 
@@ -212,29 +263,29 @@ class NFTLoss(PolicyLoss):
         return noise.to(like.device, like.dtype)
 
     def __call__(self, policy, trajectory, step_index, advantages):
-        if policy.family != "flow":
+        if policy.family not in NFT_FAMILIES:
             raise ValueError(
-                f"the nft loss needs a rectified-flow policy (family 'flow'), got family {policy.family!r}"
+                f"the nft loss trains a flow or DDPM-family policy (family {' or '.join(map(repr, NFT_FAMILIES))}), "
+                f"got family {policy.family!r}"
             )
         config, nft = self.config, self.nft
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
         policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
-        sigmas = policy.scheduler.sigmas.to(torch.float32).cpu()
-        t = sigmas[step_index].to(policy.device)  # (B,) noise level of the chosen grid points
         x0 = trajectory.latents[:, -1].float()  # (B, ...) clean samples
         eps = self.noise(trajectory, step_index, x0)
-        t_b = t.reshape(-1, *([1] * (x0.ndim - 1)))
-        x_t = (1 - t_b) * x0 + t_b * eps
+        # flow: x_t = (1 - t) x0 + t eps at t = sigma_i and v* = eps - x0; sd: DDPM noising
+        x_t, target = policy.forward_noise(x0, eps, step_index)
         with torch.no_grad(), self.old_policy(policy):
-            v_old = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
-        v_theta = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
-        per_sample, info = nft_loss(
-            v_theta,
-            v_old,
+            out_old = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+        out_theta = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+        per_sample, info = nft_loss_in_x0(
+            out_theta,
+            out_old,
+            target,
+            policy.predict_x0(x_t, out_theta, step_index),
+            policy.predict_x0(x_t, out_old, step_index),
             x0,
-            x_t,
-            t,
             advantages.to(x0.device).float(),
             beta=nft.beta,
             adv_clip=nft.adv_clip,
@@ -244,7 +295,7 @@ class NFTLoss(PolicyLoss):
         loss = per_sample.mean()
         metrics = {"policy_loss": loss.detach(), **info}
         if config.kl_coef > 0:
-            kl = reference_output_kl(policy, v_theta, x_t, step_index, trajectory.conditioning, settings)
+            kl = reference_output_kl(policy, out_theta, x_t, step_index, trajectory.conditioning, settings)
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

@@ -187,8 +187,130 @@ def test_old_policy_soft_update_and_rollouts_from_it(policy):
 
 def test_nft_refuses_other_families():
     loss_fn = NFTLoss(TrainConfig(group_size=2, minibatch_size=2))
-    with pytest.raises(ValueError, match="family 'flow'"):
-        loss_fn(SimpleNamespace(family="sd"), None, torch.tensor([0]), torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="got family 'consistency'"):
+        loss_fn(SimpleNamespace(family="consistency"), None, torch.tensor([0]), torch.tensor([0.0]))
+
+
+@pytest.fixture(scope="module")
+def sd_policy(tmp_path_factory):
+    import os
+
+    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
+    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
+
+
+def hand_nft_eps(eps_theta, eps_old, eps, x0, x_t, abar, advantages, beta, c, adaptive):
+    """Eq. 7-8 for an epsilon model, element by element: the implicit policies mix the eps
+    outputs; the adaptive form measures the x0 they imply, (x_t - sqrt(1 - abar) e) / sqrt(abar)."""
+    losses = []
+    for i in range(len(abar)):
+        r = max(-c, min(c, advantages[i])) / (2 * c) + 0.5
+        positive = [beta * a + (1 - beta) * b for a, b in zip(eps_theta[i], eps_old[i])]
+        negative = [(1 + beta) * b - beta * a for a, b in zip(eps_theta[i], eps_old[i])]
+        terms = []
+        for e_mix in (positive, negative):
+            if adaptive:
+                x0_mix = [(x - (1 - abar[i]) ** 0.5 * e) / abar[i] ** 0.5 for x, e in zip(x_t[i], e_mix)]
+                errors = [a - b for a, b in zip(x0_mix, x0[i])]
+                squared = sum(e * e for e in errors) / len(errors)
+                squared /= max(sum(abs(e) for e in errors) / len(errors), 1e-5)
+            else:
+                errors = [a - b for a, b in zip(e_mix, eps[i])]
+                squared = sum(e * e for e in errors) / len(errors)
+            terms.append(squared)
+        losses.append((r * terms[0] + (1 - r) * terms[1]) * c / beta)
+    return losses
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_loss_on_an_sd_policy_equals_a_hand_computation_in_eps_space(sd_policy, adaptive):
+    """Our extension to DDPM-family models: the same loss with the eps parameterisation."""
+    policy = sd_policy
+    nft = NFTConfig(beta=0.6, adaptive_weighting=adaptive)
+    config = TrainConfig(kl_coef=0.0, group_size=2, minibatch_size=2, nft=nft)
+    loss_fn = NFTLoss(config)
+    trajectory = policy.rollout(
+        ["a red circle", "a blue square", "a cat"],
+        seeds=torch.tensor([3, 4, 5]),
+        num_inference_steps=4,
+        guidance_scale=3.0,
+        eta=1.0,
+    )
+    lora_b = [p for name, p in policy.denoiser.named_parameters() if "lora_B" in name]
+    for parameter in lora_b:  # the old policy = the base model (LoRA B zero) ...
+        parameter.data.zero_()
+    loss_fn.rollout_policy(SimpleNamespace(policy=policy), step=2)
+    for parameter in lora_b:  # ... and the trained one moves away from it
+        parameter.data.normal_(0, 0.05)
+    step_index = torch.tensor([0, 2, 3])
+    advantages = torch.tensor([1.5, -7.0, 0.2])
+    loss, metrics = loss_fn(policy, trajectory, step_index, advantages)
+
+    # by hand: diffusers' add_noise, the guided UNet outputs the rollout sampled with (old policy =
+    # the LoRA-disabled base, as LoRA B was zero when it was taken), the epsilon target
+    scheduler = policy.scheduler
+    t = scheduler.timesteps[step_index]
+    x0 = trajectory.latents[:, -1].float()
+    eps = loss_fn.noise(trajectory, step_index, x0)
+    x_t = scheduler.add_noise(x0, eps, t)
+    abar = scheduler.alphas_cumprod[t].double()
+    unet, cond = policy.pipeline.unet, trajectory.conditioning
+
+    def guided():
+        text = unet(x_t, t, encoder_hidden_states=cond["prompt_embeds"]).sample
+        uncond = unet(x_t, t, encoder_hidden_states=cond["negative_prompt_embeds"]).sample
+        return (uncond + 3.0 * (text - uncond)).double()
+
+    with torch.no_grad():
+        eps_theta = guided()
+        with policy.reference():
+            eps_old = guided()
+    flat = lambda x: x.double().flatten(1).tolist()  # noqa: E731
+    expected = hand_nft_eps(
+        flat(eps_theta), flat(eps_old), flat(eps), flat(x0), flat(x_t), abar.tolist(),
+        advantages.tolist(), 0.6, 5.0, adaptive,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        loss.detach().double(), torch.tensor(expected, dtype=torch.float64).mean(), rtol=1e-4, atol=1e-6
+    )
+    assert metrics["nft_r"] == pytest.approx((0.65 + 0.0 + 0.52) / 3)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+    policy.zero_grad(set_to_none=True)
+
+
+def test_diffusion_nft_recipes_accept_flow_and_sd_only(tmp_path):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "nft_sd_jpeg.yaml"
+    config = load_recipe(recipe, [f"logging.run_dir={tmp_path}/run"])
+    assert (config.model.family, config.train.method, config.train.loss) == ("sd", "diffusion_nft", "nft")
+    with pytest.raises(
+        ConfigError, match="is for the 'flow' or 'sd' family, but model.family is 'consistency'"
+    ):
+        load_recipe(recipe, ["model.family=consistency", "model.path=tiny:lcm"])
+
+
+def test_trainer_trains_nft_on_an_sd_policy_and_resumes(tmp_path):
+    from pathlib import Path
+
+    from genalign.trainers import build_trainer
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "nft_sd_jpeg.yaml"
+    straight = build_trainer(load_recipe(recipe, [f"logging.run_dir={tmp_path}/a", "train.num_steps=2"]))
+    initial = [p.detach().clone() for p in straight.parameters]
+    straight.train()
+    assert all(not torch.equal(a, b) for a, b in zip(initial, straight.parameters))
+    first = build_trainer(load_recipe(recipe, [f"logging.run_dir={tmp_path}/b", "train.num_steps=1"]))
+    first.train()
+    resumed = build_trainer(
+        load_recipe(recipe, [f"logging.run_dir={tmp_path}/b", "train.num_steps=2", "logging.resume=latest"])
+    )
+    resumed.train()
+    for a, b in zip(straight.parameters, resumed.parameters):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(straight.loss.old_parameters, resumed.loss.old_parameters):
+        torch.testing.assert_close(a, b)
 
 
 def test_trainer_trains_nft_on_ode_rollouts_and_resumes_the_old_policy(tmp_path):
