@@ -122,7 +122,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = args.config or DEFAULT_RECIPE
     print(f"recipe: {recipe}", flush=True)
     result = run_demo(
-        recipe, overrides, images_per_category=args.images_per_category, eval_every=args.eval_every
+        recipe,
+        overrides,
+        images_per_category=args.images_per_category,
+        eval_every=args.eval_every,
+        oracle=args.oracle,
     )
     print(f"held-out ShapesEval: {result.before['overall']:.1%} -> {result.after['overall']:.1%}")
     print(f"reward hacking check: {result.hacking.verdict}")
@@ -271,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images-per-category", type=int, default=32, help="held-out images per category")
     p.add_argument(
         "--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: start and end)"
+    )
+    p.add_argument(
+        "--oracle",
+        choices=("correct", "partial"),
+        default=None,
+        help="control run: train on the ShapesEval verifier itself (0/1 or fraction of checks), the "
+        "upper bound of what a learned reward could give the recipe",
     )
     p.set_defaults(func=cmd_demo)
 

@@ -12,6 +12,11 @@ The demo (issue #6, DESIGN.md "The offline world") runs in minutes on a CPU, off
    per-category tables, the reward and verifier curves, before/after image grids, and a
    reward-hacking check: did the learned reward rise faster than the verifier?
 
+``oracle="correct"`` or ``"partial"`` (``genalign demo --oracle``) is the control experiment: the
+same recipe trained on the verifier itself (ShapesEval's 0/1 score or its fraction of checks
+passed), which bounds what any learned reward could give this recipe and budget. The report says
+so at the top; its hacking check is then void (the reward is the monitor).
+
 The hacking check compares effect sizes: the change of the mean from the first to the last
 steps of training, in units of the across-sample standard deviation at the start, for the
 learned reward and for the verifier on the same training rollouts. A learned reward that moves
@@ -39,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = ROOT / "configs" / "toy" / "demo.yaml"
+ORACLE_MODES = ("correct", "partial")  # ShapesEvalReward(partial=False / True)
 
 
 # -- the held-out evaluation set ------------------------------------------------------------------
@@ -267,6 +273,7 @@ class DemoResult:
     hacking: HackingCheck
     heldout_curve: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
+    oracle: str | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -279,6 +286,7 @@ class DemoResult:
             "verdict": self.hacking.verdict,
             "heldout_curve": self.heldout_curve,
             "seconds": self.seconds,
+            "oracle": self.oracle,
         }
 
 
@@ -294,19 +302,30 @@ def write_report(
     images_before: torch.Tensor,
     images_after: torch.Tensor,
     seconds: float,
+    oracle: str | None = None,
 ) -> Path:
-    """Write ``report.md`` (+ ``curves.png``, ``before_after.png``, ``summary.json``)."""
+    """Write ``report.md`` (+ ``curves.png``, ``before_after.png``, ``summary.json``); ``oracle``:
+    the verifier mode the run trained on, for an oracle run (module docstring)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     curves = _plot_curves(history, heldout_curve, run_dir / "curves.png", config.reward.name)
     grid = _before_after_grid(items, images_before, images_after, run_dir / "before_after.png")
     steps = [m for m in history if not m.get("skipped")]
+    if oracle is None:
+        trained_on = (
+            f"against the learned reward `{config.reward.name}` {json.dumps(config.reward.kwargs)}; "
+            "ShapesEval (the verifier) was never used for training"
+        )
+    else:
+        trained_on = (
+            f"against **the verifier itself** (oracle run: ShapesEval, `{oracle}` score), the upper bound "
+            "of what a learned reward could give this recipe; the reward-hacking check below is void"
+        )
     lines = [
         f"# genalign demo: {config.name}",
         "",
         f"Generator `{config.model.path}` ({config.model.family}), trained with `{config.train.method}` "
-        f"for {len(steps)} steps of {config.train.samples_per_step} samples against the learned reward "
-        f"`{config.reward.name}` {json.dumps(config.reward.kwargs)}; ShapesEval (the verifier) was never "
-        f"used for training. Wall time {seconds / 60:.1f} min.",
+        f"for {len(steps)} steps of {config.train.samples_per_step} samples {trained_on}. "
+        f"Wall time {seconds / 60:.1f} min.",
         "",
         "## Held-out ShapesEval (prompts never seen in training)",
         "",
@@ -332,7 +351,7 @@ def write_report(
         "",
         f"![reward and verifier curves]({curves.name})",
         "",
-        f"Learned reward (train rollouts): {first['reward_mean']:.4f} ± {first['reward_stderr']:.4f} at step "
+        f"{'Reward' if oracle else 'Learned reward'} (train rollouts): {first['reward_mean']:.4f} ± {first['reward_stderr']:.4f} at step "
         f"{first['step']} → {last['reward_mean']:.4f} ± {last['reward_stderr']:.4f} at step {last['step']}.",
     ]
     if "monitor_shapes_eval" in first:
@@ -350,7 +369,7 @@ def write_report(
         f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
         f"- held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
-        f"Verdict: {hacking.verdict}.",
+        f"Verdict: {'void, the reward is the verifier' if oracle else hacking.verdict}.",
         "",
         "## Samples (held-out prompts, same seeds)",
         "",
@@ -381,8 +400,13 @@ def run_demo(
     overrides: Sequence[str] = (),
     images_per_category: int = 16,
     eval_every: int = 0,
+    oracle: str | None = None,
 ) -> DemoResult:
-    """Evaluate, train, evaluate again and write the report; see the module docstring."""
+    """Evaluate, train, evaluate again and write the report; see the module docstring.
+
+    ``oracle``: None (train on the recipe's learned reward), or "correct" / "partial" to train on
+    ShapesEval itself, the control run; its run folder is the recipe's name + ``-oracle-{mode}``.
+    """
     from genalign.trainers import build_trainer, load_recipe
 
     start = time.perf_counter()
@@ -392,9 +416,16 @@ def run_demo(
     config.reward.kwargs = {k: _resolve_asset(v) for k, v in config.reward.kwargs.items()}
     if "shapes_eval" not in config.reward.monitors:
         config.reward.monitors["shapes_eval"] = {}
-    if config.reward.name == "shapes_eval":
+    if oracle is not None:
+        if oracle not in ORACLE_MODES:
+            raise ValueError(f"oracle must be one of {ORACLE_MODES}, got {oracle!r}")
+        config.name = f"{config.name}-oracle-{oracle}"
+        config.reward.name = "shapes_eval"
+        config.reward.kwargs = {"partial": oracle == "partial"}
+    elif config.reward.name == "shapes_eval":
         raise ValueError(
-            "the demo trains on a learned reward; shapes_eval is the verifier it is checked against"
+            "the demo trains on a learned reward; shapes_eval is the verifier it is checked against "
+            "(--oracle trains on it on purpose, as a control)"
         )
     trainer = build_trainer(config, base_dir=recipe.parent)
     items = heldout_eval_set(images_per_category, seed=config.train.seed)
@@ -430,7 +461,8 @@ def run_demo(
         images_before,
         images_after,
         seconds,
+        oracle=oracle,
     )
-    result = DemoResult(trainer.run_dir, report, before, after, hacking, curve, seconds)
+    result = DemoResult(trainer.run_dir, report, before, after, hacking, curve, seconds, oracle)
     (trainer.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
     return result

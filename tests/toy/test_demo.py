@@ -113,3 +113,40 @@ def test_short_demo_run_writes_its_report(tmp_path):
     overall = f"**{result.before['overall']:.1%}** | **{result.after['overall']:.1%}**"
     assert overall in report and "Reward hacking check" in report
     assert "![before and after](before_after.png)" in report
+
+
+def test_the_demo_refuses_the_verifier_as_reward_unless_asked_for_an_oracle_run(tmp_path):
+    from genalign.toy.demo import DEFAULT_RECIPE, run_demo
+
+    overrides = ["reward.name=shapes_eval", f"logging.run_dir={tmp_path / 'demo'}"]
+    with pytest.raises(ValueError, match="shapes_eval is the verifier.*--oracle"):
+        run_demo(DEFAULT_RECIPE, overrides)
+    with pytest.raises(ValueError, match="oracle must be one of"):
+        run_demo(DEFAULT_RECIPE, [f"logging.run_dir={tmp_path / 'demo'}"], oracle="verifier")
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.slow
+def test_oracle_run_trains_on_the_verifier_and_says_so(tmp_path):
+    """The control run: the reward is ShapesEval itself, so on every step the reward equals the
+    monitor on the same rollouts; the report and the summary name the run an oracle run."""
+    from genalign.toy.demo import DEFAULT_RECIPE, run_demo
+
+    overrides = [
+        "train.num_steps=2",
+        "train.prompts_per_step=2",
+        "train.group_size=2",
+        "train.minibatch_size=4",
+        "logging.run_dir=" + str(tmp_path / "{name}"),
+    ]
+    result = run_demo(DEFAULT_RECIPE, overrides, images_per_category=1, oracle="correct")
+    assert result.run_dir == tmp_path / "toy-demo-grpo-vqascore-oracle-correct"
+    history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(history) == 2
+    for metrics in history:
+        assert metrics["reward_mean"] == pytest.approx(metrics["monitor_shapes_eval"])
+    report = result.report.read_text()
+    assert "**the verifier itself** (oracle run: ShapesEval, `correct` score)" in report
+    assert "Verdict: void, the reward is the verifier." in report
+    assert "learned reward `vlm_yes`" not in report
+    assert json.loads((result.run_dir / "summary.json").read_text())["oracle"] == "correct"
