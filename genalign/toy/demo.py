@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = ROOT / "configs" / "toy" / "demo.yaml"
 ORACLE_MODES = ("correct", "partial")  # ShapesEvalReward(partial=False / True)
+ORACLE_VERDICT = "void: the reward is the verifier (oracle run)"
 
 
 # -- the held-out evaluation set ------------------------------------------------------------------
@@ -369,7 +370,7 @@ def write_report(
         f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
         f"- held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
-        f"Verdict: {'void, the reward is the verifier' if oracle else hacking.verdict}.",
+        f"Verdict: {hacking.verdict}.",
         "",
         "## Samples (held-out prompts, same seeds)",
         "",
@@ -448,6 +449,8 @@ def run_demo(
     curve.append((config.train.num_steps, after["overall"]))
     print(f"held-out ShapesEval after training:  {after['overall']:.1%}", flush=True)
     hacking = hacking_check(history, before["overall"], after["overall"])
+    if oracle is not None:
+        hacking.verdict = ORACLE_VERDICT
     seconds = time.perf_counter() - start
     report = write_report(
         trainer.run_dir,

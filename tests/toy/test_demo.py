@@ -147,6 +147,7 @@ def test_oracle_run_trains_on_the_verifier_and_says_so(tmp_path):
         assert metrics["reward_mean"] == pytest.approx(metrics["monitor_shapes_eval"])
     report = result.report.read_text()
     assert "**the verifier itself** (oracle run: ShapesEval, `correct` score)" in report
-    assert "Verdict: void, the reward is the verifier." in report
+    assert "Verdict: void: the reward is the verifier (oracle run)." in report
     assert "learned reward `vlm_yes`" not in report
-    assert json.loads((result.run_dir / "summary.json").read_text())["oracle"] == "correct"
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["oracle"] == "correct" and summary["verdict"].startswith("void")
