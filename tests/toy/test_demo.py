@@ -63,6 +63,16 @@ def test_hacking_check_no_hacking_when_verifier_keeps_up():
     assert check.verdict.startswith("no sign")
 
 
+def test_hacking_check_tells_a_gain_that_stays_on_the_training_prompts_from_hacking():
+    # the verifier keeps up with the learned reward on the rollouts, the held-out score falls
+    history = _history([0, 0, 1, 1, 2], [1] * 5, [0.1, 0.1, 0.5, 0.6, 0.9], [0.3] * 5)
+    check = hacking_check(history, heldout_before=0.3, heldout_after=0.25)
+    assert check.verdict.startswith("no reward hacking, no generalisation")
+    # the same rewards with a verifier that stands still: hacking
+    flat = _history([0, 0, 1, 1, 2], [1] * 5, [0.1] * 5, [0.3] * 5)
+    assert hacking_check(flat, heldout_before=0.3, heldout_after=0.25).verdict.startswith("reward hacking")
+
+
 def test_hacking_check_needs_the_monitor():
     with pytest.raises(ValueError, match="monitor_shapes_eval"):
         hacking_check([{"step": 0, "reward_mean": 0.0, "reward_std": 1.0}], 0.0, 0.0)
