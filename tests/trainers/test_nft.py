@@ -191,14 +191,6 @@ def test_nft_refuses_other_families():
         loss_fn(SimpleNamespace(family="consistency"), None, torch.tensor([0]), torch.tensor([0.0]))
 
 
-@pytest.fixture(scope="module")
-def sd_policy(tmp_path_factory):
-    import os
-
-    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
-
-
 def hand_nft_eps(eps_theta, eps_old, eps, x0, x_t, abar, advantages, beta, c, adaptive):
     """Eq. 7-8 for an epsilon model, element by element: the implicit policies mix the eps
     outputs; the adaptive form measures the x0 they imply, (x_t - sqrt(1 - abar) e) / sqrt(abar)."""

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from genalign.config import ConfigError
-from genalign.policies import LoraSpec, load_policy
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.trainers import LOSSES, build_trainer, load_recipe
 from genalign.trainers.config import ReFLConfig, TrainConfig
@@ -58,14 +57,6 @@ def test_refuses_a_reward_without_gradients():
         loss_fn.bind(SimpleNamespace(reward=Frozen()))
     with pytest.raises(RuntimeError, match="no reward"):
         loss_fn(None, None, torch.tensor([0]), torch.tensor([0.0]))
-
-
-@pytest.fixture(scope="module")
-def sd_policy(tmp_path_factory):
-    import os
-
-    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
 
 
 @pytest.mark.parametrize("guided", [True, False])

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from genalign.config import ConfigError
-from genalign.policies import LoraSpec, load_policy
 from genalign.trainers import LOSSES, build_trainer, load_recipe
 from genalign.trainers.config import RWRConfig, TrainConfig
 from genalign.trainers.losses import conditional_settings, seeded_noise
@@ -43,14 +42,6 @@ def test_config_is_validated_naming_the_key(tmp_path):
         load_recipe(recipe, ["train.rwr.weighting=softmax"])
     with pytest.raises(ConfigError, match="temperature"):
         load_recipe(recipe, ["train.rwr.temperature=2"])
-
-
-@pytest.fixture(scope="module")
-def sd_policy(tmp_path_factory):
-    import os
-
-    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
 
 
 @pytest.mark.parametrize(("weighting", "guided"), [("exp", False), ("sparse", False), ("exp", True)])
