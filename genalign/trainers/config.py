@@ -15,6 +15,11 @@ from typing import Any, Literal
 
 from genalign.config import ConfigError, load_config, to_dict
 
+# families the nft loss trains: those whose forward_noise / predict_x0 are the denoiser's own
+# training process (consistency is left out: its UNet is eps-parameterised, but it was distilled
+# for the LCM sampler, not trained on the DDPM process)
+NFT_FAMILIES = ("flow", "sd")
+
 
 @dataclass
 class LoraConfig:
@@ -398,7 +403,7 @@ class RecipeConfig:
             "ddpo": ("sd",),
             "flow_grpo": ("flow",),
             "rlcm": ("consistency",),
-            "diffusion_nft": ("flow", "sd"),
+            "diffusion_nft": NFT_FAMILIES,
             "sol_rl": ("flow",),
         }
         families = methods.get(self.train.method)

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from genalign.trainers.config import NFT_FAMILIES
 from genalign.trainers.losses import LOSSES, PolicyLoss, reference_output_kl, seeded_noise
 
 if TYPE_CHECKING:
@@ -61,10 +62,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["NFTLoss", "nft_loss", "nft_loss_in_x0", "nft_old_policy_decay", "optimality_probability"]
-
-# families whose forward_noise / predict_x0 are a denoiser's training process (consistency is left
-# out: its UNet is eps-parameterised, but it was distilled for the LCM sampler, not trained on it)
-NFT_FAMILIES = ("flow", "sd")
 
 
 def optimality_probability(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
