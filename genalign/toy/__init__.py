@@ -5,7 +5,8 @@ ShapesEval verifier (DESIGN.md, "The offline world").
   and GenEval's relative-position rule.
 - ``captions``: the six GenEval categories (Ghosh et al. 2023), caption templates, specs and a
   caption parser.
-- ``prompts``: the fixed train / held-out prompt sets, scenes sampled for a prompt, JSONL files.
+- ``prompts``: the fixed prompt sets (pretraining train / held-out; RL-train / RL-held-out inside
+  the pretraining split; unseen combinations), scenes sampled for a prompt, JSONL files.
 - ``shapes_eval``: reading scenes back from pixels, checking specs, GenEval-style accuracy, and
   the ``shapes_eval`` reward (registered on import).
 
@@ -36,9 +37,12 @@ from genalign.toy.prompts import (
     is_heldout,
     prompts_for,
     read_jsonl,
+    rl_heldout_prompts,
+    rl_train_prompts,
     sample_scene_for_prompt,
     scene_for_spec,
     train_prompts,
+    unseen_combination_prompts,
     write_jsonl,
 )
 from genalign.toy.scenes import (
@@ -93,10 +97,13 @@ __all__ = [
     "relative_position",
     "render_scene",
     "render_scenes",
+    "rl_heldout_prompts",
+    "rl_train_prompts",
     "sample_scene",
     "sample_scene_for_prompt",
     "scene_for_spec",
     "train_prompts",
+    "unseen_combination_prompts",
     "validate_spec",
     "write_jsonl",
 ]

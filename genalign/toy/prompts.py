@@ -1,4 +1,10 @@
-"""Fixed train and held-out prompt sets of the toy world, and scenes sampled for a prompt.
+"""Fixed prompt sets of the toy world, and scenes sampled for a prompt.
+
+Two splits of the grammar serve two purposes. The *pretraining* split (``train`` / ``heldout``)
+decides what the toy generators were trained on; the *RL* sets (``rl_train`` / ``rl_heldout``,
+below) divide the pretraining prompts for RL, as GenEval-style RL papers train and test on
+different prompts from the same templates and vocabulary (DESIGN.md "The offline world").
+
 
 Every caption the grammar can write (:func:`all_prompts`, 608 of them: 400 train, 208 held out) falls in exactly one of
 two sets. The held-out set holds the *combinations* a generator trained on the train set has
@@ -16,6 +22,34 @@ recall (the split is GenEval's categories, Ghosh et al. 2023, with a composition
 Single-object prompts are atomic (one per shape) and appear in train only, so the held-out set
 covers five of the six categories. Both sets are deterministic (no randomness, no hashing that
 varies between runs) and sorted by category then caption.
+
+The held-out set is also called ``unseen_combinations``: RL cannot create what the generator never
+drew, so it is a compositional-generalisation probe, reported but never a target.
+
+**RL sets.** ``rl_train`` and ``rl_heldout`` (:func:`rl_train_prompts`, :func:`rl_heldout_prompts`)
+are disjoint and together are exactly the train split, so both lie inside the generator's
+pretraining distribution. Captions that describe the same scenes (:func:`scene_key`: "a triangle
+above a circle" and "a circle below a triangle"; "a circle and a square" and "a square and a
+circle"; a colour-attribution pair in both word orders) always fall in the same set, so a held-out
+prompt is never a re-worded train prompt. Per category the scene groups are ranked by the CRC-32
+of their key and the first ``min(groups // 2, RL_HELDOUT_MAX_GROUPS)`` go to ``rl_heldout``
+(about half of every small category, and 24 groups of the large colour-attribution category):
+
+================  =====  ========  ==========  ===============================================
+category          train  rl_train  rl_heldout  note
+================  =====  ========  ==========  ===============================================
+single_object         4         2           2  one prompt per shape: 2 / 2
+two_object           10         6           4  5 unordered pairs: 3 / 2
+counting             10         5           5
+colors               24        12          12
+position             40        20          20  20 converse pairs: 10 / 10
+color_attr          312       264          48  156 word-order pairs: 132 / 24
+================  =====  ========  ==========  ===============================================
+
+Only colour attribution has the 40+ held-out prompts an evaluation would like: the train split
+holds just 40 position prompts (20 scenes), so ``rl_heldout`` gets half of them.
+:func:`balanced_prompts` repeats or thins a set to the same number of lines per category, for
+RL prompt files such as ``configs/toy/rl_train_prompts.txt`` (:func:`rl_train_prompt_file`).
 """
 
 from __future__ import annotations
@@ -44,7 +78,9 @@ from genalign.toy.captions import (
 )
 from genalign.toy.scenes import COLOURS, RELATIONS, SHAPES, Scene, as_generator, layout_objects
 
-SPLITS = ("train", "heldout", "all")
+SPLITS = ("train", "heldout", "all", "rl_train", "rl_heldout", "unseen_combinations")
+RL_HELDOUT_MAX_GROUPS = 24  # at most this many scene groups of a category go to rl_heldout
+RL_TRAIN_PROMPT_FILE = Path(__file__).resolve().parents[2] / "configs" / "toy" / "rl_train_prompts.txt"
 HELDOUT_COLOUR_SHAPES: frozenset[tuple[str, str]] = frozenset(
     {("green", "circle"), ("red", "triangle"), ("purple", "square"), ("orange", "diamond")}
 )
@@ -149,23 +185,132 @@ def heldout_prompts() -> list[PromptSpec]:
     return prompts_for("heldout")
 
 
+def unseen_combination_prompts() -> list[PromptSpec]:
+    """The compositional-generalisation probe: the same prompts as :func:`heldout_prompts`."""
+    return prompts_for("unseen_combinations")
+
+
+def rl_train_prompts() -> list[PromptSpec]:
+    """RL training prompts: the part of the pretraining split not in :func:`rl_heldout_prompts`."""
+    return prompts_for("rl_train")
+
+
+def rl_heldout_prompts() -> list[PromptSpec]:
+    """RL held-out prompts: pretraining-split scenes never trained on by RL (module docstring)."""
+    return prompts_for("rl_heldout")
+
+
+def scene_key(prompt: PromptSpec) -> str:
+    """A key shared by exactly the captions that describe the same scenes.
+
+    A position caption and its converse ("a triangle above a circle", "a circle below a triangle")
+    share the canonical (smaller) triple; captions listing the same objects in another order
+    ("a red circle and a blue square", "a blue square and a red circle") share their sorted
+    clauses; every other caption is its own group.
+    """
+    include = prompt.spec["include"]
+    if prompt.category == "position":
+        target, subject = include
+        relation = subject["position"][0]
+        triple = (subject["class"], relation, target["class"])
+        converse = (target["class"], CONVERSE[relation], subject["class"])
+        return "position:" + "|".join(min(triple, converse))
+    clauses = sorted(f"{c['count']} {c.get('color', '')} {c['class']}" for c in include)
+    return f"{prompt.category}:" + "|".join(clauses)
+
+
+@functools.cache
+def _rl_heldout_keys() -> frozenset[str]:
+    """Scene keys of ``rl_heldout``: per category, the first ``min(groups // 2,
+    RL_HELDOUT_MAX_GROUPS)`` of the train split's scene groups ranked by CRC-32 of the key."""
+    keys: dict[str, set[str]] = {}
+    for prompt in _split("train", None):
+        keys.setdefault(prompt.category, set()).add(scene_key(prompt))
+    chosen: set[str] = set()
+    for groups in keys.values():
+        ranked = sorted(groups, key=lambda key: (zlib.crc32(key.encode()), key))
+        chosen.update(ranked[: min(len(ranked) // 2, RL_HELDOUT_MAX_GROUPS)])
+    return frozenset(chosen)
+
+
+def _in_split(prompt: PromptSpec, split: str) -> bool:
+    if split == "all":
+        return True
+    if split in ("heldout", "unseen_combinations"):
+        return is_heldout(prompt)
+    if is_heldout(prompt):  # train, rl_train and rl_heldout lie inside the pretraining split
+        return False
+    if split == "train":
+        return True
+    return (scene_key(prompt) in _rl_heldout_keys()) == (split == "rl_heldout")
+
+
 @functools.cache
 def _split(split: str, category: str | None) -> tuple[PromptSpec, ...]:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if category is not None and category not in CATEGORIES:
         raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
-    wanted = {"train": False, "heldout": True}.get(split)
     return tuple(
-        p
-        for p in _grammar()
-        if (wanted is None or is_heldout(p) == wanted) and (category is None or p.category == category)
+        p for p in _grammar() if _in_split(p, split) and (category is None or p.category == category)
     )
 
 
 def prompts_for(split: str = "train", category: str | None = None) -> list[PromptSpec]:
-    """The prompts of a split (``"train"``, ``"heldout"`` or ``"all"``), optionally of one category."""
+    """The prompts of a split, optionally of one category.
+
+    ``split``: ``"train"`` / ``"heldout"`` (the generators' pretraining split; ``"heldout"`` is
+    also called ``"unseen_combinations"``), ``"rl_train"`` / ``"rl_heldout"`` (the RL sets, a
+    partition of ``"train"``) or ``"all"``.
+    """
     return [_copy(p) for p in _split(split, category)]
+
+
+# -- balanced prompt files --------------------------------------------------------------------------
+
+
+def balanced_prompts(split: str = "rl_train", per_category: int = 40) -> list[str]:
+    """``per_category`` captions of every category of ``split``, so RL sees each category as often.
+
+    A category with fewer prompts repeats them in turn (each ``per_category // n`` or one more
+    times); one with more keeps ``per_category`` prompts evenly spaced in caption order. Sorted by
+    category then caption; deterministic.
+    """
+    if per_category <= 0:
+        raise ValueError(f"per_category must be positive, got {per_category}")
+    lines: list[str] = []
+    for category in CATEGORIES:
+        captions = [p.caption for p in _split(split, category)]
+        if not captions:
+            continue
+        if len(captions) > per_category:
+            stride = len(captions) / per_category
+            chosen = [captions[int(i * stride)] for i in range(per_category)]
+        else:
+            chosen = [captions[i % len(captions)] for i in range(per_category)]
+        lines += sorted(chosen)
+    return lines
+
+
+def rl_train_prompt_file(per_category: int = 40) -> str:
+    """The text of ``configs/toy/rl_train_prompts.txt``: a header comment, then
+    :func:`balanced_prompts` of ``rl_train``, one caption a line."""
+    header = (
+        "# The toy world's RL-train prompts (genalign.toy.prompts.rl_train_prompts()), balanced by GenEval\n"
+        f"# category: {per_category} lines per category (small categories repeated, large ones thinned evenly)\n"
+        "# by genalign.toy.prompts.balanced_prompts('rl_train', "
+        f"{per_category}). Written by write_rl_train_prompt_file();\n"
+        "# do not edit by hand. RL-held-out and unseen-combination prompts are never trained on.\n"
+    )
+    return header + "".join(caption + "\n" for caption in balanced_prompts("rl_train", per_category))
+
+
+def write_rl_train_prompt_file(path: str | Path = RL_TRAIN_PROMPT_FILE, per_category: int = 40) -> Path:
+    """Write :func:`rl_train_prompt_file` to ``path`` (default: the shipped recipe file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(rl_train_prompt_file(per_category), encoding="utf-8")
+    return path
 
 
 # -- scenes for prompts -----------------------------------------------------------------------------
@@ -229,12 +374,17 @@ def read_jsonl(path: str | Path) -> list[PromptSpec]:
     return [PromptSpec.from_spec(json.loads(line)) for line in lines if line.strip()]
 
 
+EXPORTED_SPLITS = ("train", "heldout", "rl_train", "rl_heldout", "unseen_combinations")
+
+
 def export_prompt_sets(directory: str | Path) -> dict[str, Path]:
-    """Write ``train.jsonl`` and ``heldout.jsonl`` (specs) and ``train.txt`` / ``heldout.txt``
-    (one caption a line, GenEval's ``generation_prompts.txt``) under ``directory``."""
+    """Write ``{split}.jsonl`` (specs) and ``{split}.txt`` (one caption a line, GenEval's
+    ``generation_prompts.txt``) under ``directory`` for every split of :data:`EXPORTED_SPLITS`;
+    returns ``{split: jsonl path, f"{split}_captions": txt path}``."""
     directory = Path(directory)
     paths: dict[str, Path] = {}
-    for split, prompts in (("train", train_prompts()), ("heldout", heldout_prompts())):
+    for split in EXPORTED_SPLITS:
+        prompts = prompts_for(split)
         paths[split] = write_jsonl(prompts, directory / f"{split}.jsonl")
         captions = directory / f"{split}.txt"
         captions.write_text("".join(p.caption + "\n" for p in prompts), encoding="utf-8")
