@@ -124,11 +124,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(
         recipe,
         overrides,
-        images_per_category=args.images_per_category,
         eval_every=args.eval_every,
         oracle=args.oracle,
+        rl_heldout_images=args.rl_heldout_images,
+        rl_train_images=args.rl_train_images,
+        unseen_images=args.unseen_images,
     )
-    print(f"held-out ShapesEval: {result.before['overall']:.1%} -> {result.after['overall']:.1%}")
+    for name, evaluation in result.evaluations.items():
+        change, low, high = evaluation.interval()
+        print(
+            f"{name} ShapesEval: {evaluation.before['overall']:.1%} -> {evaluation.after['overall']:.1%} "
+            f"(change {100 * change:+.1f} pts, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}])"
+        )
     print(f"reward hacking check: {result.hacking.verdict}")
     print(f"report: {result.report}")
     print(f"run folder: {result.run_dir}")
@@ -272,9 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("config", nargs="?", default=None, help="demo recipe (default: configs/toy/demo.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
-    p.add_argument("--images-per-category", type=int, default=32, help="held-out images per category")
     p.add_argument(
-        "--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: start and end)"
+        "--rl-heldout-images",
+        type=int,
+        default=160,
+        help="images per evaluation of the RL-held-out prompts, the headline (spread over categories)",
+    )
+    p.add_argument(
+        "--rl-train-images", type=int, default=96, help="images per evaluation of the RL-train prompts"
+    )
+    p.add_argument(
+        "--unseen-images", type=int, default=96, help="images per evaluation of the unseen combinations"
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="RL-held-out evaluation every N steps (0: start and end)"
     )
     p.add_argument(
         "--oracle",

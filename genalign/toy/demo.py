@@ -2,15 +2,18 @@
 
 The demo (issue #6, DESIGN.md "The offline world") runs in minutes on a CPU, offline:
 
-1. evaluate the toy generator with ShapesEval on **held-out** prompts (combinations never seen in
-   training), fixed seeds;
-2. RL-train it on the **train** prompts against a *learned* toy reward (``configs/toy/demo.yaml``:
+1. evaluate the toy generator with ShapesEval on three prompt sets, fixed seeds
+   (``genalign.toy.evaluation``): **RL-held-out** prompts (the headline: inside the generator's
+   pretraining distribution, never trained on by RL), the **RL-train** prompts, and **unseen
+   combinations** (a compositional-generalisation probe, never a target);
+2. RL-train it on the recipe's prompts against a *learned* toy reward (``configs/toy/demo.yaml``:
    GRPO on ``toy-sd`` with ``toy-vlm``'s VQAScore), with the verifier attached as a
    monitor (scored on the same rollouts, never used for advantages) and, every
-   ``eval_every`` steps, a held-out evaluation;
+   ``eval_every`` steps, an RL-held-out evaluation;
 3. evaluate again with the same prompts and seeds, and write ``report.md`` to the run folder with
-   per-category tables, the reward and verifier curves, before/after image grids, and a
-   reward-hacking check: did the learned reward rise faster than the verifier?
+   a section per prompt set (per-category tables, the change with its paired 95% interval), the
+   reward and verifier curves, before/after image grids, and a reward-hacking check: did the
+   learned reward rise faster than the verifier? ``summary.json`` holds the same numbers.
 
 ``oracle="correct"`` or ``"partial"`` (``genalign demo --oracle``) is the control experiment: the
 same recipe trained on the verifier itself (ShapesEval's 0/1 score or its fraction of checks
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,8 +39,17 @@ from typing import Any
 
 import torch
 
-from genalign.toy.prompts import PromptSpec, heldout_prompts
-from genalign.toy.shapes_eval import evaluate
+from genalign.toy.evaluation import (
+    CI_METHOD,
+    DEFAULT_EVAL_IMAGES,
+    EVAL_SETS,
+    HEADLINE,
+    SetEvaluation,
+    eval_set_for_images,
+    evaluate_policy,
+    heldout_eval_set,
+)
+from genalign.toy.prompts import PromptSpec, prompts_for
 
 logger = logging.getLogger(__name__)
 
@@ -46,61 +57,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = ROOT / "configs" / "toy" / "demo.yaml"
 ORACLE_MODES = ("correct", "partial")  # ShapesEvalReward(partial=False / True)
 ORACLE_VERDICT = "void: the reward is the verifier (oracle run)"
-
-
-# -- the held-out evaluation set ------------------------------------------------------------------
-
-
-def heldout_eval_set(
-    images_per_category: int = 16, max_prompts_per_category: int = 16, seed: int = 0
-) -> list[tuple[PromptSpec, int]]:
-    """Held-out (prompt, seed) pairs with about ``images_per_category`` images per category.
-
-    A category with few held-out prompts gets several seeds per prompt; one with many gets a
-    fixed, evenly spaced subset of ``max_prompts_per_category`` prompts and one seed each.
-    Deterministic: the same arguments give the same list.
-    """
-    if images_per_category <= 0 or max_prompts_per_category <= 0:
-        raise ValueError("images_per_category and max_prompts_per_category must be positive")
-    by_category: dict[str, list[PromptSpec]] = {}
-    for prompt in heldout_prompts():
-        by_category.setdefault(prompt.category, []).append(prompt)
-    items: list[tuple[PromptSpec, int]] = []
-    for category in sorted(by_category):
-        prompts = by_category[category]
-        limit = min(max_prompts_per_category, images_per_category)
-        if len(prompts) > limit:
-            stride = len(prompts) / limit
-            prompts = [prompts[int(i * stride)] for i in range(limit)]
-        per_prompt = max(1, math.ceil(images_per_category / len(prompts)))
-        for p_index, prompt in enumerate(prompts):
-            for s_index in range(per_prompt):
-                items.append((prompt, seed * 1_000_003 + 7919 * p_index + 104_729 * s_index + 1))
-    return items
-
-
-@torch.no_grad()
-def evaluate_policy(
-    policy: Any,
-    items: Sequence[tuple[PromptSpec, int]],
-    sampling: dict[str, Any],
-    batch_size: int = 16,
-) -> tuple[dict[str, Any], torch.Tensor]:
-    """ShapesEval of a policy's samples for (prompt, seed) pairs; returns (result, images).
-
-    ``sampling`` are the rollout keyword arguments (steps, guidance, eta, ...); each image is
-    drawn from its own seed, so the same pairs give the same images for the same weights.
-    """
-    images = []
-    for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
-        prompts = [prompt.caption for prompt, _ in chunk]
-        seeds = torch.tensor([seed for _, seed in chunk], dtype=torch.long)
-        trajectory = policy.rollout(prompts, seeds=seeds, **sampling)
-        images.append(trajectory.images.float().cpu())
-    images_t = torch.cat(images)
-    result = evaluate(images_t, [prompt.spec for prompt, _ in items])
-    return result, images_t
+# re-exported: benchmarks and older callers import these from the demo
+__all__ = [
+    "DemoResult",
+    "HackingCheck",
+    "evaluate_policy",
+    "hacking_check",
+    "heldout_eval_set",
+    "run_demo",
+    "write_report",
+]
 
 
 # -- hacking check ----------------------------------------------------------------------------------
@@ -133,8 +99,9 @@ def hacking_check(
     Effect = (mean of the last w steps - mean of the first w steps) / (mean per-step std over the
     first w steps), with w = max(1, steps // 5); the verifier is the ``monitor_<monitor>`` metric
     on the same rollouts the reward scored. Hacking is the learned reward outrunning the verifier
-    on those rollouts; a verifier that keeps up while the held-out score stands still is a
-    different failure (the gain stays on the training prompts) and gets its own verdict.
+    on those rollouts; a verifier that keeps up while the held-out score (the demo passes the
+    RL-held-out one) stands still is a different failure (the gain stays on the training prompts)
+    and gets its own verdict.
     """
     steps = [m for m in history if not m.get("skipped")]
     key = f"monitor_{monitor}"
@@ -215,7 +182,7 @@ def _plot_curves(
             [v for _, v in heldout_curve],
             color="tab:green",
             marker="s",
-            label="held-out ShapesEval",
+            label="RL-held-out ShapesEval",
         )
     right.set_xlabel("step")
     right.set_ylabel("ShapesEval accuracy")
@@ -274,87 +241,136 @@ def _wrap(text: str, width: int) -> str:
 
 @dataclass
 class DemoResult:
+    """What ``run_demo`` measured; ``evaluations`` maps each of :data:`EVAL_SETS` to its
+    before/after evaluation, ``heldout_curve`` is the RL-held-out score at each evaluated step."""
+
     run_dir: Path
     report: Path
-    before: dict[str, Any]
-    after: dict[str, Any]
+    evaluations: dict[str, SetEvaluation]
     hacking: HackingCheck
     heldout_curve: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
     oracle: str | None = None
+    leaks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def headline(self) -> SetEvaluation:
+        """The RL-held-out evaluation."""
+        return self.evaluations[HEADLINE]
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "heldout_before": self.before["overall"],
-            "heldout_after": self.after["overall"],
-            "per_category_before": self.before["per_category"],
-            "per_category_after": self.after["per_category"],
-            "reward_effect": self.hacking.reward_effect,
-            "verifier_effect": self.hacking.verifier_effect,
-            "verdict": self.hacking.verdict,
-            "heldout_curve": self.heldout_curve,
-            "seconds": self.seconds,
-            "oracle": self.oracle,
+        return demo_summary(
+            self.evaluations, self.hacking, self.heldout_curve, self.seconds, self.oracle, self.leaks
+        )
+
+
+def demo_summary(
+    evaluations: dict[str, SetEvaluation],
+    hacking: HackingCheck,
+    heldout_curve: Sequence[tuple[int, float]],
+    seconds: float,
+    oracle: str | None = None,
+    leaks: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """``summary.json``: per set ``{set}_before``, ``_after``, ``_change``, ``_ci`` (95%, [low,
+    high]), ``_images`` and per-category tables (:meth:`SetEvaluation.summary`), then the
+    hacking check, the RL-held-out curve, the wall time, the oracle mode and how many training
+    prompts belong to a held-out set (``trained_on_evaluation_prompts``)."""
+    summary: dict[str, Any] = {"headline": HEADLINE, "ci_method": CI_METHOD}
+    for evaluation in evaluations.values():
+        summary.update(evaluation.summary())
+    summary.update(
+        {
+            "reward_effect": hacking.reward_effect,
+            "verifier_effect": hacking.verifier_effect,
+            "verdict": hacking.verdict,
+            "rl_heldout_curve": [list(point) for point in heldout_curve],
+            "seconds": seconds,
+            "oracle": oracle,
+            "trained_on_evaluation_prompts": dict(leaks or {}),
         }
+    )
+    return summary
+
+
+def _trained_on(config: Any, oracle: str | None) -> str:
+    if oracle is None:
+        return (
+            f"against the learned reward `{config.reward.name}` {json.dumps(config.reward.kwargs)}; "
+            "ShapesEval (the verifier) was never used for training"
+        )
+    return (
+        f"against **the verifier itself** (oracle run: ShapesEval, `{oracle}` score), the upper bound "
+        "of what a learned reward could give this recipe; the reward-hacking check below is void"
+    )
+
+
+def _evaluation_sections(evaluations: dict[str, SetEvaluation], config: Any) -> list[str]:
+    """One report section per prompt set, in :data:`EVAL_SETS` order (the headline first)."""
+    lines: list[str] = []
+    for name in EVAL_SETS:
+        if name not in evaluations:
+            continue
+        evaluation = evaluations[name]
+        lines += [
+            f"## {evaluation.title}",
+            "",
+            f"{len(evaluation.items)} images, fixed seeds, sampler: {config.sampling.num_inference_steps} steps, "
+            f"guidance {config.sampling.guidance_scale}, eta {config.sampling.eta}.",
+            "",
+            *evaluation.table(),
+            "",
+        ]
+    return lines
 
 
 def write_report(
     run_dir: Path,
     config: Any,
     history: Sequence[dict[str, Any]],
-    before: dict[str, Any],
-    after: dict[str, Any],
+    evaluations: dict[str, SetEvaluation],
     hacking: HackingCheck,
     heldout_curve: Sequence[tuple[int, float]],
-    items: Sequence[tuple[PromptSpec, int]],
-    images_before: torch.Tensor,
-    images_after: torch.Tensor,
     seconds: float,
     oracle: str | None = None,
+    leaks: dict[str, int] | None = None,
 ) -> Path:
-    """Write ``report.md`` (+ ``curves.png``, ``before_after.png``, ``summary.json``); ``oracle``:
-    the verifier mode the run trained on, for an oracle run (module docstring)."""
+    """Write ``report.md``, ``curves.png``, ``before_after.png`` and ``summary.json`` to ``run_dir``.
+
+    ``evaluations``: each of :data:`EVAL_SETS` (the RL-held-out one, the headline, must be there
+    with its images); ``oracle``: the verifier mode the run trained on, for an oracle run (module
+    docstring); ``leaks``: :func:`trained_on_evaluation_prompts` of the recipe's prompts, said at
+    the top of the report. Returns the report's path.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
+    headline = evaluations[HEADLINE]
     curves = _plot_curves(history, heldout_curve, run_dir / "curves.png", config.reward.name)
-    grid = _before_after_grid(items, images_before, images_after, run_dir / "before_after.png")
+    grid = _before_after_grid(
+        headline.items, headline.images_before, headline.images_after, run_dir / "before_after.png"
+    )
     steps = [m for m in history if not m.get("skipped")]
-    if oracle is None:
-        trained_on = (
-            f"against the learned reward `{config.reward.name}` {json.dumps(config.reward.kwargs)}; "
-            "ShapesEval (the verifier) was never used for training"
-        )
-    else:
-        trained_on = (
-            f"against **the verifier itself** (oracle run: ShapesEval, `{oracle}` score), the upper bound "
-            "of what a learned reward could give this recipe; the reward-hacking check below is void"
-        )
+    change, low, high = headline.interval()
     lines = [
         f"# genalign demo: {config.name}",
         "",
         f"Generator `{config.model.path}` ({config.model.family}), trained with `{config.train.method}` "
-        f"for {len(steps)} steps of {config.train.samples_per_step} samples {trained_on}. "
+        f"for {len(steps)} steps of {config.train.samples_per_step} samples {_trained_on(config, oracle)}. "
         f"Wall time {seconds / 60:.1f} min.",
         "",
-        "## Held-out ShapesEval (prompts never seen in training)",
+        f"**Headline: RL-held-out ShapesEval {headline.before['overall']:.1%} → {headline.after['overall']:.1%} "
+        f"({_change_text(change, low, high)}).**",
         "",
-        f"{len(items)} images, fixed seeds, sampler: {config.sampling.num_inference_steps} steps, "
-        f"guidance {config.sampling.guidance_scale}, eta {config.sampling.eta}.",
+        f"Intervals: {CI_METHOD}.",
         "",
-        "| category | before | after | change |",
-        "|---|---|---|---|",
     ]
-    for category in before["per_category"]:
-        b, a = before["per_category"][category], after["per_category"].get(category, float("nan"))
-        lines.append(
-            f"| {category} ({before['counts'][category]} images) | {b:.1%} | {a:.1%} | {100 * (a - b):+.1f} pts |"
-        )
-    lines.append(
-        f"| **overall** (GenEval mean of categories) | **{before['overall']:.1%}** | **{after['overall']:.1%}** | "
-        f"**{100 * (after['overall'] - before['overall']):+.1f} pts** |"
-    )
+    for name, count in (leaks or {}).items():
+        lines += [
+            f"**Warning: {count} of the recipe's training prompts are {name} prompts; that set is not held out.**",
+            "",
+        ]
+    lines += _evaluation_sections(evaluations, config)
     first, last = steps[0], steps[-1]
     lines += [
-        "",
         "## Training curves",
         "",
         f"![reward and verifier curves]({curves.name})",
@@ -375,18 +391,26 @@ def write_report(
         "",
         f"- learned reward: **{hacking.reward_effect:+.2f}** sd",
         f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
-        f"- held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
+        f"- RL-held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
         f"Verdict: {hacking.verdict}.",
         "",
-        "## Samples (held-out prompts, same seeds)",
+        "## Samples (RL-held-out prompts, same seeds)",
         "",
         f"![before and after]({grid.name})",
         "",
     ]
     report = run_dir / "report.md"
     report.write_text("\n".join(lines))
+    summary = demo_summary(evaluations, hacking, heldout_curve, seconds, oracle, leaks)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return report
+
+
+def _change_text(change: float, low: float, high: float) -> str:
+    if low != low:  # NaN: too few images per category for an interval
+        return f"{100 * change:+.1f} points, 95% CI n/a"
+    return f"{100 * change:+.1f} points, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 # -- the run ------------------------------------------------------------------------------------------
@@ -406,14 +430,19 @@ def _resolve_asset(value: Any) -> Any:
 def run_demo(
     recipe: str | Path = DEFAULT_RECIPE,
     overrides: Sequence[str] = (),
-    images_per_category: int = 16,
     eval_every: int = 0,
     oracle: str | None = None,
+    rl_heldout_images: int = DEFAULT_EVAL_IMAGES["rl_heldout"],
+    rl_train_images: int = DEFAULT_EVAL_IMAGES["rl_train"],
+    unseen_images: int = DEFAULT_EVAL_IMAGES["unseen_combinations"],
 ) -> DemoResult:
     """Evaluate, train, evaluate again and write the report; see the module docstring.
 
     ``oracle``: None (train on the recipe's learned reward), or "correct" / "partial" to train on
     ShapesEval itself, the control run; its run folder is the recipe's name + ``-oracle-{mode}``.
+    ``rl_heldout_images``, ``rl_train_images``, ``unseen_images``: images per evaluation of each
+    prompt set (at least that many, spread evenly over the set's categories); ``eval_every``:
+    also evaluate RL-held-out every that many steps (0: only before and after).
     """
     from genalign.trainers import build_trainer, load_recipe
 
@@ -435,44 +464,65 @@ def run_demo(
             "the demo trains on a learned reward; shapes_eval is the verifier it is checked against "
             "(--oracle trains on it on purpose, as a control)"
         )
+    sizes = {
+        "rl_heldout": rl_heldout_images,
+        "rl_train": rl_train_images,
+        "unseen_combinations": unseen_images,
+    }
+    item_sets = {name: eval_set_for_images(name, sizes[name], seed=config.train.seed) for name in EVAL_SETS}
     trainer = build_trainer(config, base_dir=recipe.parent)
-    items = heldout_eval_set(images_per_category, seed=config.train.seed)
+    leaks = trained_on_evaluation_prompts(config.prompts.load(recipe.parent))
+    for name, count in leaks.items():
+        logger.warning(
+            "%d of the recipe's training prompts are %s prompts: that set is not held out", count, name
+        )
     sampling = trainer.rollout_kwargs()
-    logger.info("held-out evaluation before training (%d images)", len(items))
-    before, images_before = evaluate_policy(trainer.policy, items, sampling)
-    print(f"held-out ShapesEval before training: {before['overall']:.1%}", flush=True)
-    curve: list[tuple[int, float]] = [(0, before["overall"])]
+    before = {name: evaluate_policy(trainer.policy, items, sampling) for name, items in item_sets.items()}
+    for name in EVAL_SETS:
+        print(f"{name} ShapesEval before training: {before[name][0]['overall']:.1%}", flush=True)
+    curve: list[tuple[int, float]] = [(0, before[HEADLINE][0]["overall"])]
 
     def periodic(trainer_: Any, step: int, metrics: dict[str, Any]) -> None:
         done = step + 1
         if eval_every and done % eval_every == 0 and done < config.train.num_steps:
-            result, _ = evaluate_policy(trainer_.policy, items, sampling)
-            metrics["heldout_shapes_eval"] = result["overall"]
+            result, _ = evaluate_policy(trainer_.policy, item_sets[HEADLINE], sampling)
+            metrics["rl_heldout_shapes_eval"] = result["overall"]
             curve.append((done, result["overall"]))
 
     trainer.callbacks.append(periodic)
     history = trainer.train()
-    after, images_after = evaluate_policy(trainer.policy, items, sampling)
-    curve.append((config.train.num_steps, after["overall"]))
-    print(f"held-out ShapesEval after training:  {after['overall']:.1%}", flush=True)
-    hacking = hacking_check(history, before["overall"], after["overall"])
+    evaluations: dict[str, SetEvaluation] = {}
+    for name, items in item_sets.items():
+        after, images_after = evaluate_policy(trainer.policy, items, sampling)
+        keep = name == HEADLINE  # the report's image grid shows the headline set only
+        evaluations[name] = SetEvaluation(
+            name,
+            items,
+            before[name][0],
+            after,
+            before[name][1] if keep else None,
+            images_after if keep else None,
+        )
+        print(f"{name} ShapesEval after training:  {after['overall']:.1%}", flush=True)
+    headline = evaluations[HEADLINE]
+    curve.append((config.train.num_steps, headline.after["overall"]))
+    hacking = hacking_check(history, headline.before["overall"], headline.after["overall"])
     if oracle is not None:
         hacking.verdict = ORACLE_VERDICT
     seconds = time.perf_counter() - start
     report = write_report(
-        trainer.run_dir,
-        config,
-        history,
-        before,
-        after,
-        hacking,
-        curve,
-        items,
-        images_before,
-        images_after,
-        seconds,
-        oracle=oracle,
+        trainer.run_dir, config, history, evaluations, hacking, curve, seconds, oracle, leaks
     )
-    result = DemoResult(trainer.run_dir, report, before, after, hacking, curve, seconds, oracle)
-    (trainer.run_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2))
-    return result
+    return DemoResult(trainer.run_dir, report, evaluations, hacking, curve, seconds, oracle, leaks)
+
+
+def trained_on_evaluation_prompts(training_prompts: Sequence[str]) -> dict[str, int]:
+    """How many distinct training prompts belong to a held-out evaluation set (``rl_heldout``,
+    ``unseen_combinations``); sets with none are left out. A recipe that trains on the old
+    ``train`` split (``colour_prompts.txt``, ``train_prompts.txt``) trains on RL-held-out prompts."""
+    prompts = set(training_prompts)
+    counts = {
+        name: len(prompts & {p.caption for p in prompts_for(name)})
+        for name in ("rl_heldout", "unseen_combinations")
+    }
+    return {name: count for name, count in counts.items() if count}

@@ -1,14 +1,33 @@
-"""The demo's pieces: the held-out evaluation set, the hacking check, the report."""
+"""The demo's pieces: the evaluation sets, the change's interval, the hacking check, the report."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from genalign.toy import heldout_prompts, is_heldout
-from genalign.toy.demo import hacking_check, heldout_eval_set
+from genalign.toy.captions import CATEGORIES
+from genalign.toy.demo import (
+    DEFAULT_RECIPE,
+    HackingCheck,
+    hacking_check,
+    heldout_eval_set,
+    trained_on_evaluation_prompts,
+    write_report,
+)
+from genalign.toy.evaluation import (
+    EVAL_SETS,
+    SetEvaluation,
+    eval_set,
+    eval_set_for_images,
+    paired_change_interval,
+)
+from genalign.toy.prompts import RL_TRAIN_PROMPT_FILE, prompts_for
 
 
 def test_heldout_eval_set_is_deterministic_and_heldout_only():
@@ -26,6 +45,137 @@ def test_heldout_eval_set_is_deterministic_and_heldout_only():
     assert len({p.caption for p, _ in items if p.category == "color_attr"}) == 4
     with pytest.raises(ValueError, match="positive"):
         heldout_eval_set(images_per_category=0)
+
+
+@pytest.mark.parametrize("split", ["rl_heldout", "rl_train", "unseen_combinations"])
+def test_eval_sets_have_exactly_the_asked_for_images_of_their_split(split):
+    items = eval_set(split, images_per_category=27, seed=1)
+    assert items == eval_set(split, images_per_category=27, seed=1)
+    captions = {p.caption for p in prompts_for(split)}
+    assert all(prompt.caption in captions for prompt, _ in items)
+    counts = Counter(prompt.category for prompt, _ in items)
+    assert set(counts.values()) == {27}
+    assert len({(p.caption, seed) for p, seed in items}) == len(items)  # no (prompt, seed) pair twice
+    # a category with fewer prompts than images uses every prompt, in turn
+    assert {p.caption for p, _ in items if p.category == "position"} == {
+        p.caption for p in prompts_for(split, "position")
+    }
+
+
+def test_rl_heldout_evaluation_has_at_least_160_images_over_six_categories():
+    items = eval_set_for_images("rl_heldout", 160)
+    assert len(items) == 162  # 27 per category
+    assert Counter(p.category for p, _ in items) == dict.fromkeys(CATEGORIES, 27)
+    assert len(eval_set_for_images("unseen_combinations", 96)) == 100  # 5 categories x 20
+    with pytest.raises(ValueError, match="positive"):
+        eval_set_for_images("rl_train", 0)
+
+
+def test_paired_change_interval_by_hand():
+    # category a: differences [1, 0, 0, 0] -> mean 0.25, sample variance 0.25, / n = 0.0625
+    # category b: differences [-1, 0]       -> mean -0.5, sample variance 0.5,  / n = 0.25
+    # change = (0.25 - 0.5) / 2 = -0.125 (= overall 0.375 after - 0.5 before);
+    # se = sqrt(0.0625 + 0.25) / 2; 95%: z = 1.959964
+    before = [0, 0, 1, 1, 1, 0]
+    after = [1, 0, 1, 1, 0, 0]
+    categories = ["a", "a", "a", "a", "b", "b"]
+    change, low, high = paired_change_interval(before, after, categories)
+    se = math.sqrt(0.3125) / 2
+    assert change == pytest.approx(-0.125)
+    assert low == pytest.approx(-0.125 - 1.959964 * se, abs=1e-6)
+    assert high == pytest.approx(-0.125 + 1.959964 * se, abs=1e-6)
+    _, low90, high90 = paired_change_interval(before, after, categories, confidence=0.90)
+    assert high90 - low90 == pytest.approx(2 * 1.644854 * se, abs=1e-6)
+    # identical scores: no change and no spread; one image in a category: no interval
+    assert paired_change_interval([0, 1], [0, 1], ["a", "a"]) == (0.0, 0.0, 0.0)
+    assert all(math.isnan(v) for v in paired_change_interval([0, 1], [1, 1], ["a", "b"])[1:])
+    with pytest.raises(ValueError, match="before"):
+        paired_change_interval([0], [0, 1], ["a", "a"])
+
+
+def _result(correct: list[int], categories: list[str]) -> dict:
+    """A ShapesEval result as ``shapes_eval.evaluate`` returns it, for given per-image scores."""
+    per_category, counts = {}, {}
+    for category in dict.fromkeys(categories):
+        scores = [c for c, cat in zip(correct, categories) if cat == category]
+        per_category[category], counts[category] = sum(scores) / len(scores), len(scores)
+    return {
+        "overall": sum(per_category.values()) / len(per_category),
+        "per_category": per_category,
+        "counts": counts,
+        "per_sample": [{"correct": bool(c), "category": cat} for c, cat in zip(correct, categories)],
+    }
+
+
+def _fake_evaluations() -> dict[str, SetEvaluation]:
+    evaluations = {}
+    for offset, name in enumerate(EVAL_SETS):
+        items = eval_set(name, images_per_category=2)
+        categories = [p.category for p, _ in items]
+        before = [(i + offset) % 2 for i in range(len(items))]
+        after = [1] * len(items)
+        images = torch.rand(len(items), 3, 8, 8) if name == "rl_heldout" else None
+        evaluations[name] = SetEvaluation(
+            name, items, _result(before, categories), _result(after, categories), images, images
+        )
+    return evaluations
+
+
+def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
+    config = SimpleNamespace(
+        name="fake-demo",
+        model=SimpleNamespace(path="assets/models/toy-sd", family="sd"),
+        reward=SimpleNamespace(name="vlm_yes", kwargs={}),
+        train=SimpleNamespace(method="grpo", samples_per_step=8),
+        sampling=SimpleNamespace(num_inference_steps=10, guidance_scale=2.0, eta=1.0),
+    )
+    history = [
+        {"step": i, "reward_mean": r, "reward_std": 0.1, "reward_stderr": 0.02, "monitor_shapes_eval": 0.5}
+        for i, r in enumerate([0.4, 0.5, 0.6])
+    ]
+    evaluations = _fake_evaluations()
+    hacking = HackingCheck(2.0, 0.1, 0.5, 1, "reward hacking: test")
+    curve = [(0, 0.5), (3, 1.0)]
+    report = write_report(
+        tmp_path, config, history, evaluations, hacking, curve, 60.0, leaks={"rl_heldout": 3}
+    )
+    text = report.read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert sections[:3] == [
+        f"## {evaluations[name].title}" for name in ("rl_heldout", "rl_train", "unseen_combinations")
+    ]
+    assert sections[0].startswith("## RL-held-out") and "headline" in sections[0]
+    assert "**Headline: RL-held-out ShapesEval" in text and "Reward hacking check" in text
+    assert "Warning: 3 of the recipe's training prompts are rl_heldout prompts" in text
+    headline = evaluations["rl_heldout"]
+    change, low, high = headline.interval()
+    assert f"{100 * change:+.1f} points, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}]" in text
+    for name in ("curves.png", "before_after.png", "summary.json"):
+        assert (tmp_path / name).is_file(), name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for name in ("rl_train", "rl_heldout", "unseen_combinations"):
+        for key in ("before", "after", "ci", "change", "images", "per_category_before", "per_category_after"):
+            assert f"{name}_{key}" in summary, f"{name}_{key}"
+        evaluation = evaluations[name]
+        assert summary[f"{name}_before"] == evaluation.before["overall"]
+        assert summary[f"{name}_after"] == evaluation.after["overall"]
+        assert summary[f"{name}_ci"] == pytest.approx(list(evaluation.interval()[1:]))
+        assert summary[f"{name}_per_category_after"] == evaluation.after["per_category"]
+    assert summary["headline"] == "rl_heldout" and summary["rl_heldout_curve"] == [[0, 0.5], [3, 1.0]]
+    assert summary["trained_on_evaluation_prompts"] == {"rl_heldout": 3}
+    assert summary["verdict"] == "reward hacking: test"
+
+
+def test_training_prompts_that_are_evaluation_prompts_are_counted():
+    rl_train_lines = RL_TRAIN_PROMPT_FILE.read_text().splitlines()
+    assert trained_on_evaluation_prompts([line for line in rl_train_lines if not line.startswith("#")]) == {}
+    heldout = [p.caption for p in prompts_for("rl_heldout")][:3]
+    unseen = [p.caption for p in prompts_for("unseen_combinations")][:2]
+    assert trained_on_evaluation_prompts(heldout + heldout + unseen) == {
+        "rl_heldout": 3,
+        "unseen_combinations": 2,
+    }
+    assert DEFAULT_RECIPE.is_file()
 
 
 def _history(rewards, reward_std, verifier, verifier_std):
@@ -107,7 +257,9 @@ def test_short_demo_run_writes_its_report(tmp_path):
         "train.minibatch_size=4",
         f"logging.run_dir={tmp_path / 'demo'}",
     ]
-    result = run_demo(DEFAULT_RECIPE, overrides, images_per_category=2, eval_every=1)
+    result = run_demo(
+        DEFAULT_RECIPE, overrides, eval_every=1, rl_heldout_images=12, rl_train_images=6, unseen_images=5
+    )
     run_dir = tmp_path / "demo"
     assert result.run_dir == run_dir and result.report == run_dir / "report.md"
     for name in ("report.md", "curves.png", "before_after.png", "summary.json", "metrics.jsonl"):
@@ -117,10 +269,17 @@ def test_short_demo_run_writes_its_report(tmp_path):
     assert all(0.0 <= m["monitor_shapes_eval"] <= 1.0 for m in history)  # the verifier, as a monitor
     assert [step for step, _ in result.heldout_curve] == [0, 1, 2]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["heldout_before"] == result.before["overall"] == result.heldout_curve[0][1]
-    assert summary["heldout_after"] == result.after["overall"] == result.heldout_curve[-1][1]
+    headline = result.headline
+    assert summary["rl_heldout_before"] == headline.before["overall"] == result.heldout_curve[0][1]
+    assert summary["rl_heldout_after"] == headline.after["overall"] == result.heldout_curve[-1][1]
+    assert [summary[f"{name}_images"] for name in ("rl_heldout", "rl_train", "unseen_combinations")] == [
+        12,
+        6,
+        5,
+    ]
+    assert all(m["rl_heldout_shapes_eval"] == v for m, (_, v) in zip(history, result.heldout_curve[1:-1]))
     report = (run_dir / "report.md").read_text()
-    overall = f"**{result.before['overall']:.1%}** | **{result.after['overall']:.1%}**"
+    overall = f"**{headline.before['overall']:.1%}** | **{headline.after['overall']:.1%}**"
     assert overall in report and "Reward hacking check" in report
     assert "![before and after](before_after.png)" in report
 
@@ -149,7 +308,9 @@ def test_oracle_run_trains_on_the_verifier_and_says_so(tmp_path):
         "train.minibatch_size=4",
         "logging.run_dir=" + str(tmp_path / "{name}"),
     ]
-    result = run_demo(DEFAULT_RECIPE, overrides, images_per_category=1, oracle="correct")
+    result = run_demo(
+        DEFAULT_RECIPE, overrides, oracle="correct", rl_heldout_images=6, rl_train_images=6, unseen_images=5
+    )
     assert result.run_dir == tmp_path / "toy-demo-grpo-vqascore-oracle-correct"
     history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(history) == 2
