@@ -6,7 +6,12 @@ state), so trainers compose them and tests check them against hand-computed numb
 
 from __future__ import annotations
 
-from genalign.algorithms.advantages import PerPromptStatTracker, clip_advantages, group_advantages
+from genalign.algorithms.advantages import (
+    PerPromptStatTracker,
+    clip_advantages,
+    group_advantages,
+    group_reward_statistics,
+)
 from genalign.algorithms.kl import estimate_kl, gaussian_step_kl, kl_k1, kl_k2, kl_k3
 from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
 from genalign.algorithms.selection import (
@@ -21,6 +26,7 @@ __all__ = [
     "estimate_kl",
     "gaussian_step_kl",
     "group_advantages",
+    "group_reward_statistics",
     "kl_k1",
     "kl_k2",
     "kl_k3",

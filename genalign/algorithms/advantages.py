@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 StdMode = Literal["group", "global", "none"]
 
-__all__ = ["PerPromptStatTracker", "clip_advantages", "group_advantages"]
+__all__ = ["PerPromptStatTracker", "clip_advantages", "group_advantages", "group_reward_statistics"]
 
 
 def _group_index(groups: torch.Tensor | Sequence[Any] | int, batch_size: int) -> torch.Tensor:
@@ -129,6 +129,39 @@ def clip_advantages(advantages: torch.Tensor, max_abs: float) -> torch.Tensor:
     if not max_abs > 0:
         raise ValueError(f"max_abs must be positive, got {max_abs}")
     return advantages.clamp(-max_abs, max_abs)
+
+
+def group_reward_statistics(
+    rewards: torch.Tensor, groups: torch.Tensor | Sequence[Any] | int
+) -> dict[str, float]:
+    """Diagnostics of the learning signal a batch carries, per comparison group.
+
+    A group whose rewards are all equal (every sample right, or every one wrong, under a 0/1
+    reward) has zero advantage everywhere and contributes no gradient to a group-relative loss;
+    the mean within-group standard deviation says how much the group's samples disagree.
+
+    Args:
+        rewards: ``[B]`` finite rewards.
+        groups: a group size (contiguous groups) or one group id per sample.
+
+    Returns:
+        ``{"zero_variance_groups": fraction of groups with max == min,
+        "group_reward_std": mean over groups of the population std (ddof 0)}``.
+    """
+    rewards = rewards.detach().double().cpu().reshape(-1)
+    index = _group_index(groups, rewards.shape[0])
+    num_groups = int(index.max()) + 1 if index.numel() else 0
+    if num_groups == 0:
+        return {"zero_variance_groups": float("nan"), "group_reward_std": float("nan")}
+    counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
+    means = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, rewards) / counts
+    variance = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, (rewards - means[index]) ** 2)
+    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, index, rewards, "amax")
+    low = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, index, rewards, "amin")
+    return {
+        "zero_variance_groups": float((high == low).double().mean()),
+        "group_reward_std": float((variance / counts).sqrt().mean()),
+    }
 
 
 class PerPromptStatTracker:

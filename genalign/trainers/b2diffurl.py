@@ -293,6 +293,7 @@ class B2DiffuRLStrategy(RolloutStrategy):
             global_rewards=global_rewards,
             details=details,
             train_steps=window,
+            global_group_ids=torch.arange(len(prompts)).repeat_interleave(branches),
         )
         nan = torch.isnan(global_rewards)
         if nan.any():

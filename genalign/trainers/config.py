@@ -386,6 +386,9 @@ class LoggingConfig:
     keep_last: int = 2
     resume: str | None = None  # "latest" or a checkpoint folder
     progress: bool = True
+    # log each step's parameter change (param_change, param_change_rel); keeps one copy of the
+    # trainable parameters during the update: turn off for a full fine-tune that cannot afford it
+    param_change: bool = True
 
 
 @dataclass

@@ -261,6 +261,7 @@ class SolRLStrategy(GroupRolloutStrategy):
             global_rewards=global_rewards,
             details=details,
             metrics=metrics,
+            global_group_ids=group_ids,
         )
         nan = torch.isnan(global_rewards)
         if nan.any():

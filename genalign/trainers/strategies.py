@@ -48,6 +48,8 @@ class RolloutBatch:
         skipped: the step must not be applied (e.g. a NaN reward); ``reason`` says why.
         train_steps: the step indices the update may train on (default: every stochastic step
             of the trajectory); a strategy that trains a window of the chain sets it.
+        global_group_ids: ``[B_global]`` the comparison group of each global sample (a prompt's
+            group, a source's branches), for the within-group reward diagnostics; None: unknown.
     """
 
     trajectory: Trajectory
@@ -60,6 +62,7 @@ class RolloutBatch:
     skipped: bool = False
     reason: str = ""
     train_steps: torch.Tensor | None = None
+    global_group_ids: torch.Tensor | None = None
 
 
 class RolloutStrategy:
@@ -126,6 +129,7 @@ class GroupRolloutStrategy(RolloutStrategy):
             global_batch_size=len(prompts),
             global_rewards=global_rewards,
             details={k: v for k, v in out.details.items() if isinstance(v, (int, float))},
+            global_group_ids=group_ids,
         )
         nan = torch.isnan(global_rewards)
         if nan.any():

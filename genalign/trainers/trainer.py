@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from genalign.algorithms import select_timesteps_per_sample
+from genalign.algorithms import group_reward_statistics, select_timesteps_per_sample
 from genalign.policies import DiffusionPolicy
 from genalign.rewards import Reward
 from genalign.trainers.checkpoint import (
@@ -130,6 +130,7 @@ class Trainer:
         self.callbacks: list[Any] = []
         self.history: list[dict[str, Any]] = []
         self._last_images: torch.Tensor | None = None
+        self._grad_norms: list[float] = []  # this step's gradient norms, one per optimizer step
         bind = getattr(self.loss, "bind", None)  # a loss that needs the reward itself (ReFL)
         if bind is not None:
             bind(self)
@@ -214,6 +215,13 @@ class Trainer:
             raise ValueError(
                 "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"
             )
+        if batch.global_group_ids is not None:
+            finite = torch.isfinite(batch.global_rewards)
+            metrics.update(
+                group_reward_statistics(batch.global_rewards[finite], batch.global_group_ids[finite.cpu()])
+            )
+        before = self._snapshot_parameters()
+        self._grad_norms: list[float] = []
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
         sums: dict[str, float] = {}
@@ -262,13 +270,39 @@ class Trainer:
             metrics.update(end_step(self, step) or {})
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        if self._grad_norms:
+            metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
+        if before is not None:
+            metrics.update(self._parameter_change(before))
         return metrics
+
+    def _snapshot_parameters(self) -> list[torch.Tensor] | None:
+        """Copies of the trainable parameters, for the step's ``param_change`` (None when off)."""
+        if not self.config.logging.param_change:
+            return None
+        return [p.detach().clone() for p in self.parameters]
+
+    def _parameter_change(self, before: list[torch.Tensor]) -> dict[str, float]:
+        """``param_change``: RMS of the step's update over all trainable elements;
+        ``param_change_rel``: ``||theta_after - theta_before|| / ||theta_before||``."""
+        squared_change, squared_norm, count = 0.0, 0.0, 0
+        for old, new in zip(before, self.parameters):
+            squared_change += float((new.detach().float() - old.float()).pow(2).sum())
+            squared_norm += float(old.float().pow(2).sum())
+            count += old.numel()
+        return {
+            "param_change": math.sqrt(squared_change / max(count, 1)),
+            "param_change_rel": math.sqrt(squared_change / squared_norm) if squared_norm > 0 else float("nan"),
+        }
 
     def _optimizer_step(self) -> None:
         train = self.config.train
         self._sum_gradients_across_processes()
-        if train.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.parameters, train.max_grad_norm)
+        # the norm before clipping (clip_grad_norm_ returns it); inf clips nothing
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.parameters, train.max_grad_norm if train.max_grad_norm > 0 else math.inf
+        )
+        self._grad_norms.append(float(norm))
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
