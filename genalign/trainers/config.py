@@ -164,7 +164,11 @@ class NFTConfig:
     after i optimiser steps (the paper's 0.001 / 0.5 / 0); ``rollout_policy``: "old" samples with
     the old policy as the paper does, "current" with the trained weights; ``adaptive_weighting``:
     divide each x0-space error by its stop-gradient mean absolute error (official code), clamped at
-    ``weight_min``.
+    ``weight_min``; ``guided``: train the output the rollouts were sampled with, classifier-free
+    guidance included, instead of the conditional branch alone. The default (False) is the official
+    trainer's: DiffusionNFT is CFG-free (Zheng et al. 2025, Sec. 4), it regresses the conditional
+    velocity, whatever guidance the rollouts used (a guidance scale embedded in the denoiser, as in
+    FLUX.1-dev, stays: it is an input of the conditional model).
     """
 
     beta: float = 1.0
@@ -175,6 +179,7 @@ class NFTConfig:
     rollout_policy: Literal["old", "current"] = "old"
     adaptive_weighting: bool = True
     weight_min: float = 1e-5
+    guided: bool = False
 
     def __post_init__(self) -> None:
         for key in ("beta", "adv_clip", "weight_min"):
