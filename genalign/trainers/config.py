@@ -46,6 +46,13 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
+    """How rollouts are drawn. ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
+    the flow SDE (flow family); ``lcm_schedule``: the consistency family's timesteps, diffusers'
+    ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
+    tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
+    consistency step at its own timestep and train on it, as RLCM's code does (False: the last
+    step is deterministic and untrained, as in diffusers)."""
+
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
     eta: float = 1.0  # sd family (DDIM)
@@ -54,6 +61,8 @@ class SamplingConfig:
     height: int | None = None
     width: int | None = None
     negative_prompt: str = ""
+    lcm_schedule: Literal["diffusers", "rlcm"] = "diffusers"
+    lcm_final_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.num_inference_steps <= 0:
@@ -423,6 +432,19 @@ class RecipeConfig:
         if loss is not None and self.train.loss != loss:
             raise ConfigError(
                 f"train.method {self.train.method!r} trains with train.loss {loss!r}, but train.loss is {self.train.loss!r}"
+            )
+        sampling = self.sampling
+        if (
+            sampling.lcm_schedule != "diffusers" or sampling.lcm_final_noise
+        ) and self.model.family != "consistency":
+            raise ConfigError(
+                "sampling.lcm_schedule / sampling.lcm_final_noise are options of the consistency family, "
+                f"but model.family is {self.model.family!r}"
+            )
+        if sampling.lcm_final_noise and self.train.loss != "ppo_clip":
+            raise ConfigError(
+                "sampling.lcm_final_noise records a re-noised last latent, which only the ppo_clip loss "
+                f"trains on; train.loss {self.train.loss!r} needs the clean last latent"
             )
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps

@@ -280,7 +280,7 @@ class NFTLoss(PolicyLoss):
         config, nft = self.config, self.nft
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
-        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        policy.set_schedule(settings, trajectory.latents[:, 0])
         # CFG-free as the paper: the conditional branch, unless nft.guided asks for the guided output
         predict_settings = settings if nft.guided else conditional_settings(policy, settings)
         x0 = trajectory.latents[:, -1].float()  # (B, ...) clean samples

@@ -72,7 +72,7 @@ class ReFLLoss(PolicyLoss):
         config, refl = self.config, self.refl
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
-        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        policy.set_schedule(settings, trajectory.latents[:, 0])
         rows = torch.arange(trajectory.batch_size)
         x_t = trajectory.latents[rows, step_index].to(policy.device)
         predict_settings = settings if refl.guided else conditional_settings(policy, settings)
