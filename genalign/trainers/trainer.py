@@ -174,6 +174,8 @@ class Trainer:
             "height": s.height,
             "width": s.width,
             "negative_prompt": s.negative_prompt,
+            "lcm_schedule": s.lcm_schedule,
+            "lcm_final_noise": s.lcm_final_noise,
         }
 
     # ---- one step ------------------------------------------------------------------------------
