@@ -225,13 +225,17 @@ class ReFLConfig:
     """Options of the ``refl`` loss (reward feedback learning, Xu et al. 2023;
     ``genalign.trainers.refl``): the grid steps ``min_step .. max_step`` (0 = the noisiest; None:
     the last) whose one-step x0 prediction is scored; ``guided``: predict with the rollouts'
-    classifier-free guidance instead of the conditional branch; ``scale``: the loss is
-    ``-scale * reward``."""
+    classifier-free guidance instead of the conditional branch; ``objective``: ``"linear"``, the
+    loss ``-scale * reward``, or ``"relu"``, ImageReward's ``scale * ReLU(margin - reward)`` (the
+    official ReFL trains with ``guided: false``, ``objective: relu``, ``margin: 2`` and
+    ``scale: 1e-3``, its ``grad_scale``)."""
 
     min_step: int = 0
     max_step: int | None = None
     guided: bool = True
     scale: float = 1.0
+    objective: Literal["linear", "relu"] = "linear"
+    margin: float = 2.0
 
     def __post_init__(self) -> None:
         if self.min_step < 0:
