@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError, load_config, to_dict
 
 # families the nft loss trains: those whose forward_noise / predict_x0 are the denoiser's own
@@ -308,6 +309,10 @@ class TrainConfig:
     inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
     ``timestep_fraction`` of the stochastic steps; one optimiser step per
     ``gradient_accumulation_steps`` minibatches.
+
+    Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
+    "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
+    steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
     """
 
     method: Literal[
@@ -329,6 +334,8 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_decay_steps: int | None = None
     clip_range: float = 1e-4
     ratio_reduction: Literal["sum", "mean"] = "mean"
     advantage: Literal["group", "tracker", "batch"] = "group"
@@ -382,6 +389,8 @@ class TrainConfig:
             )
         if self.kl_coef < 0:
             raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
+            raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
         if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
@@ -393,6 +402,22 @@ class TrainConfig:
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def planned_optimizer_steps(self) -> int:
+        """Optimiser steps of the run when every sample of every step is trained on (the groups
+        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
+        minibatches = -(-self.samples_per_step // self.minibatch_size)
+        return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
+
+    def learning_rate_factor(self, optimizer_steps: int) -> float:
+        """The factor of ``learning_rate`` after ``optimizer_steps`` steps (warm-up and schedule)."""
+        return learning_rate_factor(
+            optimizer_steps,
+            self.lr_warmup_steps,
+            self.lr_schedule,
+            self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
+        )
 
 
 @dataclass
