@@ -270,6 +270,16 @@ class DiffusionPolicy(torch.nn.Module):
     def set_timesteps(self, num_inference_steps: int, latents: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def set_schedule(self, settings: RolloutSettings, latents: torch.Tensor) -> torch.Tensor:
+        """Set the scheduler's timesteps for a trajectory drawn with ``settings`` and return them;
+        a family whose schedule depends on more than the step count overrides this."""
+        return self.set_timesteps(settings.num_inference_steps, latents)
+
+    def clean_sample(self, last_step: StepOutput, settings: RolloutSettings) -> torch.Tensor:
+        """The latents a finished chain decodes to, given its last step: that step's sample,
+        unless the last step re-noises (RLCM's final step, where it is the step's clean estimate)."""
+        return last_step.prev_sample
+
     def predict(
         self,
         latents: torch.Tensor,
@@ -351,6 +361,8 @@ class DiffusionPolicy(torch.nn.Module):
         eta: float,
         noise_level: float,
         mode: str,
+        lcm_schedule: str = "diffusers",
+        lcm_final_noise: bool = False,
     ) -> RolloutSettings:
         default_h, default_w = self.default_size()
         return RolloutSettings(
@@ -365,6 +377,8 @@ class DiffusionPolicy(torch.nn.Module):
             eta=float(eta),
             noise_level=float(noise_level),
             mode=mode,
+            lcm_schedule=lcm_schedule,
+            lcm_final_noise=bool(lcm_final_noise),
         )
 
     @torch.no_grad()
@@ -384,6 +398,8 @@ class DiffusionPolicy(torch.nn.Module):
         latents: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,
         stop_step: int | None = None,
+        lcm_schedule: str = "diffusers",
+        lcm_final_noise: bool = False,
     ) -> Trajectory:
         """Sample ``group_size`` trajectories for each prompt, recording exact step log-probs.
 
@@ -400,6 +416,9 @@ class DiffusionPolicy(torch.nn.Module):
                 ``timesteps`` the whole schedule ``[B, T]`` and no images (``[B, 0]``); finish it with
                 :meth:`continue_rollout`. Its steps are exactly the first ``stop_step`` of the full
                 rollout with the same seeds. None (default) runs all T steps and decodes.
+            lcm_schedule / lcm_final_noise: the consistency family's timesteps (``"diffusers"``
+                or ``"rlcm"``) and RLCM's scored re-noising of the last step; other families
+                ignore them.
         """
         num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
         validate_rollout_arguments(prompts, num_inference_steps, group_size)
@@ -408,7 +427,15 @@ class DiffusionPolicy(torch.nn.Module):
         ):
             raise ValueError(f"stop_step must be an integer in [0, {num_inference_steps}], got {stop_step!r}")
         settings = self.make_settings(
-            num_inference_steps, guidance_scale, height, width, eta, noise_level, mode
+            num_inference_steps,
+            guidance_scale,
+            height,
+            width,
+            eta,
+            noise_level,
+            mode,
+            lcm_schedule,
+            lcm_final_noise,
         )
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
@@ -423,14 +450,16 @@ class DiffusionPolicy(torch.nn.Module):
         elif latents.shape[0] != batch:
             raise ValueError(f"latents has batch {latents.shape[0]} but the rollout has {batch} samples")
         # 3. Timesteps
-        timesteps = self.set_timesteps(settings.num_inference_steps, latents)
+        timesteps = self.set_schedule(settings, latents)
         # 4. Denoising loop through the kernel
         stop = len(timesteps) if stop_step is None else stop_step
-        new_latents, log_probs, stds = self._denoise(latents, conditioning, settings, generators, 0, stop)
+        new_latents, log_probs, stds, last = self._denoise(
+            latents, conditioning, settings, generators, 0, stop
+        )
         all_latents = [latents, *new_latents]
         # 5. Decode (a prefix is not decoded: it is finished by continue_rollout)
         if stop == len(timesteps):
-            images = self.decode(all_latents[-1], settings).float()
+            images = self.decode(self.clean_sample(last, settings), settings).float()
         else:
             images = torch.empty(batch, 0)
         return Trajectory(
@@ -454,13 +483,15 @@ class DiffusionPolicy(torch.nn.Module):
         generators: list[torch.Generator],
         start: int,
         stop: int,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], StepOutput | None]:
         """Run steps ``start .. stop - 1`` from ``latents`` (the latent before step ``start``).
 
-        Returns the ``stop - start`` new latents ``[B, ...]``, log-probs ``[B]`` and stds ``[B]``.
+        Returns the ``stop - start`` new latents ``[B, ...]``, log-probs ``[B]`` and stds ``[B]``,
+        and the last step's output (None when no step ran).
         """
         batch = latents.shape[0]
         new_latents, log_probs, stds = [], [], []
+        out = None
         for i in range(start, stop):
             step_index = torch.full((batch,), i, dtype=torch.long)
             model_output = self.predict(latents, step_index, conditioning, settings)
@@ -469,7 +500,7 @@ class DiffusionPolicy(torch.nn.Module):
             new_latents.append(latents)
             log_probs.append(out.log_prob)
             stds.append(out.std.reshape(batch, -1)[:, 0].float())
-        return new_latents, log_probs, stds
+        return new_latents, log_probs, stds, out
 
     @torch.no_grad()
     def continue_rollout(
@@ -522,12 +553,12 @@ class DiffusionPolicy(torch.nn.Module):
         settings = trajectory.settings
         conditioning = {name: repeat(value) for name, value in trajectory.conditioning.items()}
         prefix = repeat(trajectory.latents[:, : from_step + 1])  # (B * repeats, from_step + 1, ...)
-        self.set_timesteps(settings.num_inference_steps, prefix[:, 0])
-        new_latents, log_probs, stds = self._denoise(
+        self.set_schedule(settings, prefix[:, 0])
+        new_latents, log_probs, stds, last = self._denoise(
             prefix[:, -1], conditioning, settings, generators, from_step, num_steps
         )
         latents = torch.cat([prefix, torch.stack(new_latents, dim=1)], dim=1)
-        images = self.decode(latents[:, -1], settings).float()
+        images = self.decode(self.clean_sample(last, settings), settings).float()
         extras = dict(trajectory.extras)
         extras.update(prefix_seeds=repeat(trajectory.seeds), branch_step=from_step)
         return Trajectory(
@@ -561,7 +592,7 @@ class DiffusionPolicy(torch.nn.Module):
         if int(step_index.min()) < 0 or int(step_index.max()) >= trajectory.num_steps:
             raise ValueError(f"step_index must lie in [0, {trajectory.num_steps}), got {step_index.tolist()}")
         rows = torch.arange(batch)
-        self.set_timesteps(trajectory.settings.num_inference_steps, trajectory.latents[:, 0])
+        self.set_schedule(trajectory.settings, trajectory.latents[:, 0])
         sample = trajectory.latents[rows, step_index]
         prev_sample = trajectory.latents[rows, step_index + 1]
         model_output = self.predict(sample, step_index, trajectory.conditioning, trajectory.settings)

@@ -13,7 +13,9 @@ class RolloutSettings:
     """Sampling settings a trajectory was drawn with; log-prob recomputation reuses them exactly.
 
     ``eta`` is DDIM's stochasticity (sd family), ``noise_level`` and ``mode`` the flow SDE's
-    (flow family); a family ignores the settings of the others.
+    (flow family), ``lcm_schedule`` and ``lcm_final_noise`` the consistency sampler's (its
+    timesteps: ``"diffusers"`` or ``"rlcm"``; whether the last step is re-noised and scored, as
+    RLCM's code does); a family ignores the settings of the others.
     """
 
     num_inference_steps: int
@@ -23,6 +25,8 @@ class RolloutSettings:
     eta: float = 1.0
     noise_level: float = 0.7
     mode: str = "sde"
+    lcm_schedule: str = "diffusers"
+    lcm_final_noise: bool = False
 
 
 @dataclass

@@ -17,7 +17,7 @@ Flow-GRPO do, is a loss option.
 
 from __future__ import annotations
 
-from genalign.sampling.consistency import consistency_step
+from genalign.sampling.consistency import consistency_step, rlcm_timesteps
 from genalign.sampling.ddim import ddim_step
 from genalign.sampling.flow import FLOW_MODES, flow_sde_step
 from genalign.sampling.types import StepOutput, gaussian_log_prob
@@ -29,4 +29,5 @@ __all__ = [
     "ddim_step",
     "flow_sde_step",
     "gaussian_log_prob",
+    "rlcm_timesteps",
 ]

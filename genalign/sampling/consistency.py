@@ -10,7 +10,15 @@ as the policy::
 
     pi(x_{t'} | x_t, c) = N(sqrt(a_{t'}) f(x_t, t), (1 - a_{t'}) I)
 
-The last step of the schedule has no next timestep: ``x_0 = f(x_t, t)`` deterministically.
+The last step of the schedule has no next timestep: ``x_0 = f(x_t, t)`` deterministically
+(diffusers' ``LCMScheduler``), or, with ``final_noise=True``, re-noised at its own timestep as
+RLCM's released code does (``consistency_step``).
+
+Two timestep schedules exist for the same model. diffusers' ``LCMScheduler`` spreads the
+``num_inference_steps`` over the ``original_inference_steps`` (50) LCM training timesteps
+``20 k - 1`` with ``floor(linspace)``: for 8 steps 999, 879, 759, 639, 499, 379, 259, 139.
+RLCM's patched scheduler (and the original LCM release) takes every ``len // n``-th of them
+from the end: 999, 879, 759, 639, 519, 399, 279, 159 (:func:`rlcm_timesteps`).
 """
 
 from __future__ import annotations
@@ -36,6 +44,30 @@ if TYPE_CHECKING:
 SIGMA_DATA = 0.5  # fixed in diffusers' LCMScheduler and the LCM release
 
 
+def rlcm_timesteps(
+    num_inference_steps: int,
+    num_train_timesteps: int = 1000,
+    original_inference_steps: int = 50,
+    strength: float = 1.0,
+) -> list[int]:
+    """The timesteps of RLCM's patched ``LCMScheduler.set_timesteps`` (Oertell et al. 2024, code
+    release; the original LCM pipeline's schedule), largest first.
+
+    The LCM training timesteps are ``c k - 1`` for ``k = 1 .. original_inference_steps * strength``
+    with ``c = num_train_timesteps // original_inference_steps``; the schedule walks them from the
+    end with stride ``len // num_inference_steps`` and keeps the first ``num_inference_steps``.
+    """
+    c = num_train_timesteps // original_inference_steps
+    origin = [k * c - 1 for k in range(1, int(original_inference_steps * strength) + 1)]
+    if not 0 < num_inference_steps <= len(origin):
+        raise ValueError(
+            f"num_inference_steps must lie in [1, {len(origin)}] for {original_inference_steps} "
+            f"original inference steps, got {num_inference_steps}"
+        )
+    stride = len(origin) // num_inference_steps
+    return origin[::-1][::stride][:num_inference_steps]
+
+
 def consistency_step(
     scheduler: LCMScheduler,
     model_output: Tensor,
@@ -43,6 +75,7 @@ def consistency_step(
     sample: Tensor,
     prev_sample: Tensor | None = None,
     generator: GeneratorLike = None,
+    final_noise: bool = False,
 ) -> StepOutput:
     """One multistep-consistency step ``x_t -> x_{t'}`` with its exact Gaussian log-probability.
 
@@ -52,13 +85,16 @@ def consistency_step(
     ``scheduler.timesteps`` (the first match), and ``t'`` is the next entry.
 
     * non-final step: ``mean = sqrt(a_{t'}) denoised``, ``std = sqrt(1 - a_{t'})``;
-    * final step (last entry of ``scheduler.timesteps``): ``prev_sample = mean = denoised``,
-      ``std = 0``, ``log_prob = 0``. diffusers does the same (it tests
-      ``step_index == num_inference_steps - 1``, which is the last entry except for custom
-      schedules shortened by ``strength``). RLCM's reference code instead sets ``t' = t`` at the
-      last step, draws ``sqrt(a_t) denoised + sqrt(1 - a_t) z`` and counts that Gaussian in the
-      log-likelihood, while decoding the image from ``denoised``: that extra term scores noise
-      the reward never sees, so it is dropped here.
+    * final step (last entry of ``scheduler.timesteps``), ``final_noise=False`` (default):
+      ``prev_sample = mean = denoised``, ``std = 0``, ``log_prob = 0``. diffusers does the same
+      (it tests ``step_index == num_inference_steps - 1``, which is the last entry except for
+      custom schedules shortened by ``strength``).
+    * final step, ``final_noise=True``: RLCM's released scheduler sets ``t' = t`` at the last
+      step, draws ``sqrt(a_t) denoised + sqrt(1 - a_t) z`` and counts that Gaussian in the
+      log-likelihood (so PPO trains the last step too), while the image is decoded from
+      ``denoised``: ``mean = sqrt(a_t) denoised``, ``std = sqrt(1 - a_t)``; the caller decodes
+      ``pred_original_sample``. The reward never sees that noise; the option exists to reproduce
+      RLCM's training signal.
 
     Args:
         scheduler: an ``LCMScheduler`` after ``set_timesteps``.
@@ -68,6 +104,7 @@ def consistency_step(
         sample: ``[B, ...]`` current sample ``x_t``.
         prev_sample: ``[B, ...]`` a given ``x_{t'}`` to score instead of sampling one.
         generator: a ``torch.Generator`` or a list with one per sample.
+        final_noise: re-noise the last step at its own timestep and score it (RLCM's code).
 
     Returns:
         :class:`StepOutput` with fp32 ``mean`` ``[B, ...]``, ``std`` ``[B, 1, ..., 1]``,
@@ -103,6 +140,9 @@ def consistency_step(
     original = clip_or_threshold(scheduler.config, original)
     denoised = c_out * original + c_skip * x  # (B, C, H, W)
 
+    if final_noise:  # RLCM: the last step re-noises to its own timestep, t' = t
+        alpha_prod_prev = torch.where(is_last, alphas_cumprod[t], alpha_prod_prev)
+        is_last = torch.zeros_like(is_last)
     scale = per_sample(torch.where(is_last, torch.ones_like(alpha_prod_prev), alpha_prod_prev.sqrt()), x)
     std = per_sample(torch.where(is_last, torch.zeros_like(alpha_prod_prev), (1 - alpha_prod_prev).sqrt()), x)
     mean = scale * denoised  # (B, C, H, W)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError, load_config, to_dict
 
 # families the nft loss trains: those whose forward_noise / predict_x0 are the denoiser's own
@@ -46,6 +47,13 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
+    """How rollouts are drawn. ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
+    the flow SDE (flow family); ``lcm_schedule``: the consistency family's timesteps, diffusers'
+    ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
+    tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
+    consistency step at its own timestep and train on it, as RLCM's code does (False: the last
+    step is deterministic and untrained, as in diffusers)."""
+
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
     eta: float = 1.0  # sd family (DDIM)
@@ -54,6 +62,8 @@ class SamplingConfig:
     height: int | None = None
     width: int | None = None
     negative_prompt: str = ""
+    lcm_schedule: Literal["diffusers", "rlcm"] = "diffusers"
+    lcm_final_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.num_inference_steps <= 0:
@@ -164,7 +174,11 @@ class NFTConfig:
     after i optimiser steps (the paper's 0.001 / 0.5 / 0); ``rollout_policy``: "old" samples with
     the old policy as the paper does, "current" with the trained weights; ``adaptive_weighting``:
     divide each x0-space error by its stop-gradient mean absolute error (official code), clamped at
-    ``weight_min``.
+    ``weight_min``; ``guided``: train the output the rollouts were sampled with, classifier-free
+    guidance included, instead of the conditional branch alone. The default (False) is the official
+    trainer's: DiffusionNFT is CFG-free (Zheng et al. 2025, Sec. 4), it regresses the conditional
+    velocity, whatever guidance the rollouts used (a guidance scale embedded in the denoiser, as in
+    FLUX.1-dev, stays: it is an input of the conditional model).
     """
 
     beta: float = 1.0
@@ -175,6 +189,7 @@ class NFTConfig:
     rollout_policy: Literal["old", "current"] = "old"
     adaptive_weighting: bool = True
     weight_min: float = 1e-5
+    guided: bool = False
 
     def __post_init__(self) -> None:
         for key in ("beta", "adv_clip", "weight_min"):
@@ -211,13 +226,17 @@ class ReFLConfig:
     """Options of the ``refl`` loss (reward feedback learning, Xu et al. 2023;
     ``genalign.trainers.refl``): the grid steps ``min_step .. max_step`` (0 = the noisiest; None:
     the last) whose one-step x0 prediction is scored; ``guided``: predict with the rollouts'
-    classifier-free guidance instead of the conditional branch; ``scale``: the loss is
-    ``-scale * reward``."""
+    classifier-free guidance instead of the conditional branch; ``objective``: ``"linear"``, the
+    loss ``-scale * reward``, or ``"relu"``, ImageReward's ``scale * ReLU(margin - reward)`` (the
+    official ReFL trains with ``guided: false``, ``objective: relu``, ``margin: 2`` and
+    ``scale: 1e-3``, its ``grad_scale``)."""
 
     min_step: int = 0
     max_step: int | None = None
     guided: bool = True
     scale: float = 1.0
+    objective: Literal["linear", "relu"] = "linear"
+    margin: float = 2.0
 
     def __post_init__(self) -> None:
         if self.min_step < 0:
@@ -290,6 +309,10 @@ class TrainConfig:
     inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
     ``timestep_fraction`` of the stochastic steps; one optimiser step per
     ``gradient_accumulation_steps`` minibatches.
+
+    Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
+    "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
+    steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
     """
 
     method: Literal[
@@ -311,6 +334,8 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_decay_steps: int | None = None
     clip_range: float = 1e-4
     ratio_reduction: Literal["sum", "mean"] = "mean"
     advantage: Literal["group", "tracker", "batch"] = "group"
@@ -364,6 +389,8 @@ class TrainConfig:
             )
         if self.kl_coef < 0:
             raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
+            raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
         if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
@@ -375,6 +402,22 @@ class TrainConfig:
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def planned_optimizer_steps(self) -> int:
+        """Optimiser steps of the run when every sample of every step is trained on (the groups
+        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
+        minibatches = -(-self.samples_per_step // self.minibatch_size)
+        return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
+
+    def learning_rate_factor(self, optimizer_steps: int) -> float:
+        """The factor of ``learning_rate`` after ``optimizer_steps`` steps (warm-up and schedule)."""
+        return learning_rate_factor(
+            optimizer_steps,
+            self.lr_warmup_steps,
+            self.lr_schedule,
+            self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
+        )
 
 
 @dataclass
@@ -421,6 +464,19 @@ class RecipeConfig:
         if loss is not None and self.train.loss != loss:
             raise ConfigError(
                 f"train.method {self.train.method!r} trains with train.loss {loss!r}, but train.loss is {self.train.loss!r}"
+            )
+        sampling = self.sampling
+        if (
+            sampling.lcm_schedule != "diffusers" or sampling.lcm_final_noise
+        ) and self.model.family != "consistency":
+            raise ConfigError(
+                "sampling.lcm_schedule / sampling.lcm_final_noise are options of the consistency family, "
+                f"but model.family is {self.model.family!r}"
+            )
+        if sampling.lcm_final_noise and self.train.loss != "ppo_clip":
+            raise ConfigError(
+                "sampling.lcm_final_noise records a re-noised last latent, which only the ppo_clip loss "
+                f"trains on; train.loss {self.train.loss!r} needs the clean last latent"
             )
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps

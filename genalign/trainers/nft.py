@@ -31,6 +31,12 @@ per sample by t / mean|v+ - v*|, which makes the loss scale-free across t. As in
 code, the loss is multiplied by c / beta (a constant gradient scale), and an optional
 ``train.kl_coef * ||v_theta - v_ref||^2`` keeps the policy near the reference model.
 
+Guidance. DiffusionNFT is CFG-free (Sec. 4): v_theta, v_old and v_ref are the conditional
+velocities, and the official trainer samples with guidance 1. Rollouts drawn with classifier-free
+guidance > 1 therefore still train the conditional branch here (``train.nft.guided = False``, the
+default); ``guided = True`` regresses the guided output the rollouts were sampled with instead.
+A guidance scale the denoiser takes as an input (FLUX.1-dev, LCM's w-embedding) is kept either way.
+
 Other parameterisations (our extension; the paper trains rectified flows). Eq. 7 mixes the
 denoiser's outputs linearly, and every parameterisation's one-step x0 prediction is affine in the
 output (flow: x0 = x_t - t v; DDPM eps: x0 = (x_t - sqrt(1 - abar) eps) / sqrt(abar); v:
@@ -53,7 +59,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from genalign.trainers.config import NFT_FAMILIES
-from genalign.trainers.losses import LOSSES, PolicyLoss, reference_output_kl, seeded_noise
+from genalign.trainers.losses import (
+    LOSSES,
+    PolicyLoss,
+    conditional_settings,
+    reference_output_kl,
+    seeded_noise,
+)
 
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy, Trajectory
@@ -268,14 +280,16 @@ class NFTLoss(PolicyLoss):
         config, nft = self.config, self.nft
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
-        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        policy.set_schedule(settings, trajectory.latents[:, 0])
+        # CFG-free as the paper: the conditional branch, unless nft.guided asks for the guided output
+        predict_settings = settings if nft.guided else conditional_settings(policy, settings)
         x0 = trajectory.latents[:, -1].float()  # (B, ...) clean samples
         eps = self.noise(trajectory, step_index, x0)
         # flow: x_t = (1 - t) x0 + t eps at t = sigma_i and v* = eps - x0; sd: DDPM noising
         x_t, target = policy.forward_noise(x0, eps, step_index)
         with torch.no_grad(), self.old_policy(policy):
-            out_old = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
-        out_theta = policy.predict(x_t, step_index, trajectory.conditioning, settings).float()
+            out_old = policy.predict(x_t, step_index, trajectory.conditioning, predict_settings).float()
+        out_theta = policy.predict(x_t, step_index, trajectory.conditioning, predict_settings).float()
         per_sample, info = nft_loss_in_x0(
             out_theta,
             out_old,
@@ -292,7 +306,9 @@ class NFTLoss(PolicyLoss):
         loss = per_sample.mean()
         metrics = {"policy_loss": loss.detach(), **info}
         if config.kl_coef > 0:
-            kl = reference_output_kl(policy, out_theta, x_t, step_index, trajectory.conditioning, settings)
+            kl = reference_output_kl(
+                policy, out_theta, x_t, step_index, trajectory.conditioning, predict_settings
+            )
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

@@ -8,7 +8,11 @@ t drawn from a window of the sampling chain, predict the clean sample from x_t i
     x0_hat = x_t - sigma_t v_theta(x_t, t, c)                                   (rectified flow)
 
 decode it and ascend the reward: L = -scale * r(decode(x0_hat), c), gradients flowing through
-the reward model, the VAE decoder and the one denoiser call (``policy.predict_x0``). The paper
+the reward model, the VAE decoder and the one denoiser call (``policy.predict_x0``). The official
+code (ImageReward's ``ReFL.py``) uses the hinge ``L = grad_scale * ReLU(2 - r)`` with
+``grad_scale = 1e-3`` and the conditional prediction (no classifier-free guidance); that is
+``train.refl.objective = "relu"``, ``margin = 2``, ``scale = 1e-3``, ``guided = false``
+(:func:`refl_objective`). The hinge stops pushing a sample once its reward passes the margin. The paper
 picks t among the last steps, where x0_hat is already a recognisable image; the window here is
 ``train.refl.min_step .. max_step`` in grid-step indices (0 = the noisiest step), so an earlier
 window can reach composition (colour, layout) that the last steps no longer change.
@@ -33,7 +37,19 @@ from genalign.trainers.losses import LOSSES, PolicyLoss, conditional_settings, r
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
 
-__all__ = ["ReFLLoss"]
+__all__ = ["ReFLLoss", "refl_objective"]
+
+
+def refl_objective(
+    scores: torch.Tensor, objective: str = "linear", scale: float = 1.0, margin: float = 2.0
+) -> torch.Tensor:
+    """The ReFL loss of rewards ``scores`` ``[N]``: ``-scale * mean(r)`` (``"linear"``) or
+    ImageReward's ``scale * mean(ReLU(margin - r))`` (``"relu"``)."""
+    if objective == "linear":
+        return -scale * scores.mean()
+    if objective == "relu":
+        return scale * torch.relu(margin - scores).mean()
+    raise ValueError(f"objective must be 'linear' or 'relu', got {objective!r}")
 
 
 @LOSSES.register("refl")
@@ -72,7 +88,7 @@ class ReFLLoss(PolicyLoss):
         config, refl = self.config, self.refl
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
-        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        policy.set_schedule(settings, trajectory.latents[:, 0])
         rows = torch.arange(trajectory.batch_size)
         x_t = trajectory.latents[rows, step_index].to(policy.device)
         predict_settings = settings if refl.guided else conditional_settings(policy, settings)
@@ -83,7 +99,10 @@ class ReFLLoss(PolicyLoss):
         # a sample the reward cannot score (NaN) must not reach the weights: it is left out
         finite = torch.isfinite(scores.detach())
         kept = scores[finite]
-        loss = -refl.scale * kept.mean() if kept.numel() else 0.0 * output.float().sum()
+        if kept.numel():
+            loss = refl_objective(kept, refl.objective, refl.scale, refl.margin)
+        else:
+            loss = 0.0 * output.float().sum()
         metrics = {
             "policy_loss": loss.detach(),
             "refl_reward": kept.detach().mean() if kept.numel() else torch.tensor(float("nan")),

@@ -68,7 +68,7 @@ class RWRLoss(PolicyLoss):
         config, rwr = self.config, self.rwr
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
-        policy.set_timesteps(settings.num_inference_steps, trajectory.latents[:, 0])
+        policy.set_schedule(settings, trajectory.latents[:, 0])
         x0 = trajectory.latents[:, -1].float()
         eps = seeded_noise(trajectory.seeds, step_index, x0.shape[1:]).to(x0.device)
         x_t, target = policy.forward_noise(x0, eps, step_index)

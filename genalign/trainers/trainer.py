@@ -118,9 +118,8 @@ class Trainer:
             weight_decay=train.adam_weight_decay,
             eps=train.adam_epsilon,
         )
-        warmup = train.lr_warmup_steps
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+            self.optimizer, lambda n: train.learning_rate_factor(n)
         )
         self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
         self.step = 0
@@ -175,6 +174,8 @@ class Trainer:
             "height": s.height,
             "width": s.width,
             "negative_prompt": s.negative_prompt,
+            "lcm_schedule": s.lcm_schedule,
+            "lcm_final_noise": s.lcm_final_noise,
         }
 
     # ---- one step ------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 from diffusers import LCMScheduler
 from torch.distributions import Normal
 
-from genalign.sampling import consistency_step
+from genalign.sampling import consistency_step, rlcm_timesteps
 
 SHAPE = (3, 4, 8, 8)
 NUM_STEPS = 4
@@ -156,3 +156,56 @@ def test_rejects_timestep_outside_the_schedule():
     sample = torch.randn(SHAPE)
     with pytest.raises(ValueError, match="not in scheduler.timesteps"):
         consistency_step(scheduler, sample, 500, sample)
+
+
+# RLCM's patched LCMScheduler.set_timesteps, worked out by hand: the 50 LCM training timesteps
+# 20 k - 1 (k = 1..50) walked from 999 with stride 50 // n, the first n kept
+RLCM_SCHEDULES = {
+    8: [999, 879, 759, 639, 519, 399, 279, 159],
+    4: [999, 759, 519, 279],
+    2: [999, 499],
+    1: [999],
+    3: [999, 679, 359],
+}
+DIFFUSERS_8 = [999, 879, 759, 639, 499, 379, 259, 139]
+
+
+@pytest.mark.parametrize("steps", sorted(RLCM_SCHEDULES))
+def test_rlcm_timesteps_are_the_patched_schedule(steps):
+    assert rlcm_timesteps(steps) == RLCM_SCHEDULES[steps]
+    if steps == 8:  # where diffusers' LCMScheduler differs: the tail
+        assert make_scheduler(8).timesteps.tolist() == DIFFUSERS_8
+    with pytest.raises(ValueError, match="num_inference_steps"):
+        rlcm_timesteps(51)
+
+
+def test_final_noise_scores_the_renoised_last_step_as_a_gaussian():
+    """RLCM's last step: t' = t, x = sqrt(a_t) f + sqrt(1 - a_t) z, its Gaussian counted."""
+    scheduler = make_scheduler(num_inference_steps=8)
+    scheduler.set_timesteps(timesteps=RLCM_SCHEDULES[8])
+    t = 159
+    sample, model_output = torch.randn(SHAPE), torch.randn(SHAPE)
+    generator = torch.Generator().manual_seed(3)
+    out = consistency_step(scheduler, model_output, t, sample, generator=generator, final_noise=True)
+
+    # by hand: the eps-model x0, the boundary scalings at t, the re-noising to t itself
+    a_t = scheduler.alphas_cumprod[t].double()
+    x, eps = sample.double(), model_output.double()
+    x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+    scaled = t * 10.0
+    c_skip, c_out = 0.25 / (scaled**2 + 0.25), scaled / (scaled**2 + 0.25) ** 0.5
+    denoised = c_out * x0 + c_skip * x
+    mean, std = a_t.sqrt() * denoised, (1 - a_t).sqrt()
+    expected = Normal(mean, std).log_prob(out.prev_sample.double()).sum(dim=(1, 2, 3))
+    torch.testing.assert_close(out.pred_original_sample.double(), denoised, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.log_prob.double(), expected, rtol=1e-5, atol=1e-3)
+    assert (out.log_prob != 0).all() and (out.std > 0).all()
+    noise = (out.prev_sample.double() - mean) / std  # the draw is N(0, 1) noise from the generator
+    torch.testing.assert_close(
+        noise.float(), torch.randn(SHAPE, generator=torch.Generator().manual_seed(3)), rtol=1e-3, atol=1e-3
+    )
+    # the default keeps the last step deterministic; other steps are unchanged by the option
+    plain = consistency_step(scheduler, model_output, t, sample)
+    assert (plain.log_prob == 0).all() and torch.equal(plain.prev_sample, plain.pred_original_sample)
+    first = [consistency_step(scheduler, model_output, 999, sample, final_noise=f) for f in (False, True)]
+    assert torch.equal(first[0].mean, first[1].mean) and torch.equal(first[0].std, first[1].std)

@@ -216,9 +216,10 @@ def hand_nft_eps(eps_theta, eps_old, eps, x0, x_t, abar, advantages, beta, c, ad
 
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_loss_on_an_sd_policy_equals_a_hand_computation_in_eps_space(sd_policy, adaptive):
-    """Our extension to DDPM-family models: the same loss with the eps parameterisation."""
+    """Our extension to DDPM-family models: the same loss with the eps parameterisation (here on
+    the guided output the rollout sampled with, ``nft.guided = True``)."""
     policy = sd_policy
-    nft = NFTConfig(beta=0.6, adaptive_weighting=adaptive)
+    nft = NFTConfig(beta=0.6, adaptive_weighting=adaptive, guided=True)
     config = TrainConfig(kl_coef=0.0, group_size=2, minibatch_size=2, nft=nft)
     loss_fn = NFTLoss(config)
     trajectory = policy.rollout(
@@ -269,6 +270,72 @@ def test_loss_on_an_sd_policy_equals_a_hand_computation_in_eps_space(sd_policy, 
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
     policy.zero_grad(set_to_none=True)
+
+
+def test_guidance_4_5_rollouts_train_the_conditional_branch_by_default(sd_policy):
+    """DiffusionNFT is CFG-free (the official trainer regresses the conditional velocity): under
+    rollouts with guidance 4.5 the default loss and its gradient are those of the conditional UNet
+    output alone, computed here by calling the UNet with the prompt embeddings only."""
+    policy = sd_policy
+    assert NFTConfig().guided is False
+    config = TrainConfig(kl_coef=0.0, group_size=2, minibatch_size=2, nft=NFTConfig(beta=0.8))
+    loss_fn = NFTLoss(config)
+    trajectory = policy.rollout(
+        ["a red circle", "a cat"], seeds=torch.tensor([8, 9]), num_inference_steps=4, guidance_scale=4.5
+    )
+    assert "negative_prompt_embeds" in trajectory.conditioning  # the rollout did run CFG
+    lora_b = [p for name, p in policy.denoiser.named_parameters() if "lora_B" in name]
+    for parameter in lora_b:  # old policy = the base model; the trained one moves away from it
+        parameter.data.zero_()
+    loss_fn.rollout_policy(SimpleNamespace(policy=policy), step=5)
+    torch.manual_seed(0)
+    for parameter in lora_b:
+        parameter.data.normal_(0, 0.05)
+    step_index = torch.tensor([1, 2])
+    advantages = torch.tensor([2.0, -1.0])
+    parameters = policy.trainable_parameters()
+    for parameter in parameters:  # the policy's own zero_grad does not reach the pipeline's UNet
+        parameter.grad = None
+    loss, _ = loss_fn(policy, trajectory, step_index, advantages)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in parameters]
+    for parameter in parameters:
+        parameter.grad = None
+
+    # by hand: the conditional eps of the trained and the base UNet, eq. 7-8 with adaptive weights
+    scheduler, unet = policy.scheduler, policy.pipeline.unet
+    t = scheduler.timesteps[step_index]
+    x0 = trajectory.latents[:, -1].float()
+    eps = loss_fn.noise(trajectory, step_index, x0)
+    abar = scheduler.alphas_cumprod[t].float().reshape(-1, 1, 1, 1)
+    x_t = abar.sqrt() * x0 + (1 - abar).sqrt() * eps
+    cond = trajectory.conditioning["prompt_embeds"]
+    eps_theta = unet(x_t, t, encoder_hidden_states=cond).sample.float()
+    with torch.no_grad(), policy.reference():
+        eps_old = unet(x_t, t, encoder_hidden_states=cond).sample.float()
+    c, beta = 5.0, 0.8
+    r = advantages.clamp(-c, c) / (2 * c) + 0.5
+    to_x0 = lambda e: (x_t - (1 - abar).sqrt() * e) / abar.sqrt()  # noqa: E731
+    terms = []
+    for mixed in (beta * eps_theta + (1 - beta) * eps_old, (1 + beta) * eps_old - beta * eps_theta):
+        error = to_x0(mixed) - x0
+        weight = error.detach().abs().mean(dim=(1, 2, 3)).clamp(min=1e-5)
+        terms.append((error**2).mean(dim=(1, 2, 3)) / weight)
+    expected = ((r * terms[0] + (1 - r) * terms[1]) * c / beta).mean()
+    torch.testing.assert_close(loss.detach(), expected.detach(), rtol=1e-4, atol=1e-6)
+    expected.backward()
+    for parameter, grad in zip(parameters, grads):
+        torch.testing.assert_close(grad, parameter.grad, rtol=1e-3, atol=1e-8)
+        parameter.grad = None
+
+    # guided=True differs: it regresses the CFG output the rollout was sampled with
+    guided_fn = NFTLoss(
+        TrainConfig(kl_coef=0.0, group_size=2, minibatch_size=2, nft=NFTConfig(beta=0.8, guided=True))
+    )
+    guided_fn.old_parameters, guided_fn.current_step = loss_fn.old_parameters, loss_fn.current_step
+    with torch.no_grad():
+        guided_loss, _ = guided_fn(policy, trajectory, step_index, advantages)
+    assert not torch.allclose(guided_loss, loss.detach())
 
 
 def test_diffusion_nft_recipes_accept_flow_and_sd_only(tmp_path):

@@ -12,7 +12,7 @@ from genalign.config import ConfigError
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.trainers import LOSSES, build_trainer, load_recipe
 from genalign.trainers.config import ReFLConfig, TrainConfig
-from genalign.trainers.refl import ReFLLoss
+from genalign.trainers.refl import ReFLLoss, refl_objective
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,3 +176,48 @@ def test_method_and_loss_must_agree():
     recipe = ROOT / "configs" / "tiny" / "refl_clip.yaml"
     with pytest.raises(ConfigError, match="train.method 'refl' trains with train.loss 'refl'"):
         load_recipe(recipe, ["train.loss=ppo_clip"])
+
+
+def test_relu_objective_is_imagereward_hinge_on_hand_numbers():
+    """ImageReward's ReFL: loss = grad_scale * mean(ReLU(2 - r)), grad_scale 1e-3."""
+    scores = torch.tensor([1.5, 2.5, -0.5, 2.0])
+    # ReLU(2 - r) = 0.5, 0, 2.5, 0 -> mean 0.75 -> times 1e-3
+    torch.testing.assert_close(refl_objective(scores, "relu", scale=1e-3), torch.tensor(0.75e-3))
+    torch.testing.assert_close(refl_objective(scores, "relu", scale=1.0, margin=1.0), torch.tensor(0.375))
+    torch.testing.assert_close(refl_objective(scores, "linear", scale=2.0), torch.tensor(-2.75))
+    scores.requires_grad_(True)
+    refl_objective(scores, "relu", scale=1e-3).backward()  # only samples below the margin push
+    torch.testing.assert_close(scores.grad, torch.tensor([-0.25e-3, 0.0, -0.25e-3, 0.0]))
+    with pytest.raises(ValueError, match="objective"):
+        refl_objective(scores, "other")
+
+
+def test_official_refl_settings_use_the_hinge_on_the_conditional_prediction(sd_policy):
+    """guided=false, objective=relu, scale=1e-3: the loss equals 1e-3 * mean(ReLU(2 - r)) of the
+    reward of the conditional UNet's x0 prediction, computed here by hand."""
+    from types import SimpleNamespace
+
+    policy = sd_policy
+    refl = ReFLConfig(guided=False, objective="relu", scale=1e-3, margin=2.0)
+    loss_fn = ReFLLoss(TrainConfig(refl=refl))
+    loss_fn.bind(SimpleNamespace(reward=Redness()))
+    trajectory = policy.rollout(
+        ["a red circle", "a blue square"],
+        seeds=torch.tensor([7, 8]),
+        num_inference_steps=4,
+        guidance_scale=4.5,
+    )
+    step_index = torch.tensor([2, 3])
+    with torch.no_grad():
+        loss, _ = loss_fn(policy, trajectory, step_index, torch.zeros(2))
+        scheduler, unet = policy.scheduler, policy.pipeline.unet
+        t = scheduler.timesteps[step_index]
+        x_t = trajectory.latents[torch.arange(2), step_index]
+        eps = unet(x_t, t, encoder_hidden_states=trajectory.conditioning["prompt_embeds"]).sample
+        abar = scheduler.alphas_cumprod[t].reshape(-1, 1, 1, 1)
+        x0 = (x_t - (1 - abar).sqrt() * eps) / abar.sqrt()
+        vae = policy.pipeline.vae
+        images = (vae.decode(x0 / vae.config.scaling_factor).sample / 2 + 0.5).clamp(0, 1)
+        rewards = images[:, 0].mean((1, 2)) - images[:, 1:].mean((1, 2, 3))
+    expected = 1e-3 * torch.clamp(2.0 - rewards, min=0).mean()
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-9)

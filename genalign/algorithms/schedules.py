@@ -1,0 +1,33 @@
+"""Learning-rate schedules as pure multiplicative factors of the base learning rate.
+
+``learning_rate_factor(n, ...)`` is the factor after ``n`` optimiser steps, for
+``torch.optim.lr_scheduler.LambdaLR``: a linear warm-up ``min(1, (n + 1) / warmup_steps)`` times
+the schedule's decay, ``1`` (``"constant"``, DDPO's and Flow-GRPO's) or
+``max(0, 1 - n / decay_steps)`` (``"linear"``: RLCM's ``LinearLR(start_factor=1, end_factor=0)``,
+Oertell et al. 2024, code release).
+"""
+
+from __future__ import annotations
+
+LR_SCHEDULES = ("constant", "linear")
+
+
+def learning_rate_factor(
+    optimizer_steps: int, warmup_steps: int = 0, schedule: str = "constant", decay_steps: int | None = None
+) -> float:
+    """The learning-rate factor after ``optimizer_steps`` steps (module docstring).
+
+    Args:
+        optimizer_steps: optimiser steps taken so far (``n >= 0``).
+        warmup_steps: linear warm-up length (0: none).
+        schedule: ``"constant"`` or ``"linear"`` (decays to 0 at ``decay_steps``).
+        decay_steps: steps at which a linear schedule reaches 0; required for ``"linear"``.
+    """
+    warmup = min(1.0, (optimizer_steps + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    if schedule == "constant":
+        return warmup
+    if schedule == "linear":
+        if decay_steps is None or decay_steps <= 0:
+            raise ValueError(f"a linear schedule needs positive decay_steps, got {decay_steps}")
+        return warmup * max(0.0, 1.0 - optimizer_steps / decay_steps)
+    raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
