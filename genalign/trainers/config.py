@@ -290,6 +290,10 @@ class TrainConfig:
     inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
     ``timestep_fraction`` of the stochastic steps; one optimiser step per
     ``gradient_accumulation_steps`` minibatches.
+
+    Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
+    as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
+    (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
     """
 
     method: Literal[
@@ -305,6 +309,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1
     inner_epochs: int = 1
     timestep_fraction: float = 1.0
+    timestep_order: Literal["random", "first"] = "random"
     learning_rate: float = 3e-4
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_weight_decay: float = 1e-4

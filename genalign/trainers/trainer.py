@@ -7,9 +7,10 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
 1. the strategy draws the step's global batch, rolls out this process's share and scores it;
 2. a NaN reward skips the step (logged, nothing applied);
-3. for each inner epoch, the global batch is permuted and each sample gets a random subset of
-   its stochastic steps (``timestep_fraction``); every minibatch accumulates gradients over
-   those steps, and every ``gradient_accumulation_steps`` minibatches the optimiser steps;
+3. for each inner epoch, the global batch is permuted and each sample gets ``timestep_fraction``
+   of its stochastic steps (a random subset, or the first ones: ``timestep_order``); every
+   minibatch accumulates gradients over those steps, and every ``gradient_accumulation_steps``
+   minibatches the optimiser steps;
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -223,7 +224,7 @@ class Trainer:
             generator = step_generator(train.seed, step, epoch)
             permutation = torch.randperm(global_size, generator=generator)
             chosen = select_timesteps_per_sample(
-                global_size, stochastic.numel(), train.timestep_fraction, generator
+                global_size, stochastic.numel(), train.timestep_fraction, generator, train.timestep_order
             )
             step_indices = stochastic[chosen]  # (B_global, K) actual step indices
             # a strategy may keep a variable number of samples (B2-DiffuRL's selection): the last
