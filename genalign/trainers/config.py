@@ -294,6 +294,14 @@ class TrainConfig:
     Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
     as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
     (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
+
+    KL penalty of the ``ppo_clip`` loss (``kl_coef > 0``): ``kl_coef * ||mu_theta - mu_ref||^2 /
+    (2 s^2)`` per trained step. ``kl_convention`` "official" takes Flow-GRPO's ``s``
+    (flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without
+    the step's ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's
+    own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
+    flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
+    mean over latent elements) is independent of it.
     """
 
     method: Literal[
@@ -325,6 +333,7 @@ class TrainConfig:
     advantage_clip: float = 5.0
     kl_coef: float = 0.0
     kl_reduction: Literal["sum", "mean"] = "mean"
+    kl_convention: Literal["official", "exact"] = "official"
     ema_decay: float | None = None
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     seed: int = 0
