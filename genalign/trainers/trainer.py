@@ -5,7 +5,8 @@ recipes (DDPO, GRPO, Flow-GRPO, RLCM) are choices of them made in YAML (``config
 
 Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
-1. the strategy draws the step's global batch, rolls out this process's share and scores it;
+1. the strategy draws the step's global batch, rolls out this process's share in the training
+   precision context (:meth:`Trainer.precision`) and scores it;
 2. a NaN reward skips the step (logged, nothing applied);
 3. for each inner epoch, the global batch is permuted and each sample gets ``timestep_fraction``
    of its stochastic steps (a random subset, or the first ones: ``timestep_order``); every
@@ -164,6 +165,17 @@ class Trainer:
                 parameter.grad = torch.zeros_like(parameter)
             torch.distributed.all_reduce(parameter.grad, op=torch.distributed.ReduceOp.SUM)
 
+    def precision(self) -> contextlib.AbstractContextManager:
+        """The precision context of rollouts and of log-prob recomputation (``accelerate``'s
+        autocast under ``train.mixed_precision``, a no-op otherwise).
+
+        Rollouts whose log-probs are trained on and the update's re-scoring must run in the same
+        context, or under bf16 / fp16 the first inner step's ratio is not 1 (issue 20: clipfrac
+        0.58 on a wholly on-policy step of the tiny Flow-GRPO recipe). ddpo-pytorch and flow_grpo
+        sample under the same ``accelerator.autocast()`` as they train.
+        """
+        return self.accelerator.autocast()
+
     def rollout_kwargs(self) -> dict[str, Any]:
         s = self.config.sampling
         return {
@@ -246,7 +258,7 @@ class Trainer:
                     if self.sharded:
                         share *= self.accelerator.num_processes  # FSDP averages over processes
                     for k in range(step_indices.shape[1]):
-                        with self.accelerator.autocast():
+                        with self.precision():
                             loss, info = self.loss(self.policy, sub, step_indices[columns, k], advantages)
                         scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
                         (loss * scale).backward()

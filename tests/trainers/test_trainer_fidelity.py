@@ -76,3 +76,64 @@ def test_trained_steps_count_and_order(tmp_path, recipe, steps, fraction, order,
             assert set(trained) <= set(range(steps))
     if order == "random" and expected < steps:
         assert len({tuple(sorted(t)) for t in recorder.steps.values()}) > 1
+
+
+ON_POLICY = [
+    "train.mixed_precision=bf16",
+    "sampling.num_inference_steps=4",
+    "train.prompts_per_step=2",
+    "train.group_size=2",
+    "train.minibatch_size=2",
+    "train.gradient_accumulation_steps=2",  # one optimiser step after both minibatches
+    "train.timestep_fraction=1.0",
+]
+
+
+@pytest.mark.parametrize("recipe", ["ddpo_jpeg.yaml", "flow_grpo_jpeg.yaml", "rlcm_jpeg.yaml"])
+def test_rollout_and_rescoring_share_the_precision_context_under_bf16(tmp_path, recipe):
+    """Under CPU bf16 autocast the stored log-probs are recomputed bit for bit, in any sub-batch."""
+    trainer = make_trainer(tmp_path, recipe, *ON_POLICY)
+    assert trainer.accelerator.mixed_precision == "bf16"
+    trajectory = trainer.strategy.collect(trainer, 0).trajectory
+    steps = trajectory.stochastic_steps().tolist()
+    assert steps
+    rows = [1, 2]
+    sub = trajectory.select(rows)
+    differs_outside = False
+    for index in steps:
+        with torch.no_grad(), trainer.precision():
+            full = trainer.policy.step(trajectory, index).log_prob
+            part = trainer.policy.step(sub, index).log_prob
+        assert torch.equal(full, trajectory.log_probs[:, index])
+        assert torch.equal(part, trajectory.log_probs[rows, index])
+        with torch.no_grad():  # fp32 re-scoring of a bf16 rollout is off-policy: the test has teeth
+            differs_outside |= not torch.equal(trainer.policy.step(trajectory, index).log_prob, full)
+    assert differs_outside
+
+
+@pytest.mark.parametrize("recipe", ["ddpo_jpeg.yaml", "flow_grpo_jpeg.yaml", "rlcm_jpeg.yaml"])
+def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, recipe):
+    """Every loss call of this step is before the optimiser step, so each ratio must be exactly 1
+    (issue 20 measured clipfrac 0.58 here before rollouts ran under the update's autocast)."""
+    metrics = make_trainer(tmp_path, recipe, *ON_POLICY).train_step(0)
+    assert metrics["ratio"] == 1.0
+    assert metrics["clipfrac"] == 0.0 and metrics["approx_kl"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides",
+    [
+        ("b2diffurl_jpeg.yaml", []),
+        ("sol_rl_jpeg.yaml", ["sampling.mode=sde", "train.loss=ppo_clip"]),  # preview, then regenerate
+        ("naive_scaling_jpeg.yaml", ["sampling.mode=sde", "train.loss=ppo_clip"]),  # the pool is trained on
+    ],
+    ids=["b2diffurl", "sol_rl", "naive_scaling"],
+)
+def test_every_strategy_rolls_out_in_the_update_precision(tmp_path, recipe, overrides):
+    trainer = make_trainer(tmp_path, recipe, "train.mixed_precision=bf16", *overrides)
+    trajectory = trainer.strategy.collect(trainer, 0).trajectory
+    assert trajectory.stochastic_steps().numel() > 0
+    for index in trajectory.stochastic_steps().tolist():
+        with torch.no_grad(), trainer.precision():
+            log_prob = trainer.policy.step(trajectory, index).log_prob
+        assert torch.equal(log_prob, trajectory.log_probs[:, index]), index
