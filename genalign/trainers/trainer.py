@@ -530,29 +530,10 @@ class Trainer:
         return out
 
     def plot_rewards(self) -> Path | None:
-        steps = [m["step"] for m in self.history if not m.get("skipped")]
-        if not steps:
-            return None
-        import matplotlib
+        from genalign.utils.plots import reward_curve
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        mean = [m["reward_mean"] for m in self.history if not m.get("skipped")]
-        err = [m["reward_stderr"] for m in self.history if not m.get("skipped")]
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(steps, mean, marker="o", ms=3)
-        ax.fill_between(
-            steps, [a - b for a, b in zip(mean, err)], [a + b for a, b in zip(mean, err)], alpha=0.25
-        )
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"reward ({self.config.reward.name})")
-        ax.set_title(self.config.name)
-        fig.tight_layout()
-        path = self.run_dir / "reward_curve.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        ylabel = f"reward ({self.config.reward.name})"
+        return reward_curve(self.history, ylabel, self.config.name, self.run_dir / "reward_curve.png")
 
 
 def make_accelerator(config: RecipeConfig) -> Any:
