@@ -302,6 +302,11 @@ class TrainConfig:
     own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
     flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
     mean over latent elements) is independent of it.
+
+    ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
+    equal) leave the update, and each minibatch's loss is the mean over its kept samples
+    (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
+    logged either way.
     """
 
     method: Literal[
@@ -331,6 +336,7 @@ class TrainConfig:
     tracker_buffer_size: int = 32
     tracker_min_count: int = 16
     advantage_clip: float = 5.0
+    drop_zero_advantage: bool = False
     kl_coef: float = 0.0
     kl_reduction: Literal["sum", "mean"] = "mean"
     kl_convention: Literal["official", "exact"] = "official"

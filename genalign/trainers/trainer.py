@@ -8,10 +8,11 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 1. the strategy draws the step's global batch, rolls out this process's share in the training
    precision context (:meth:`Trainer.precision`) and scores it;
 2. a NaN reward skips the step (logged, nothing applied);
-3. for each inner epoch, the global batch is permuted and each sample gets ``timestep_fraction``
-   of its stochastic steps (a random subset, or the first ones: ``timestep_order``); every
-   minibatch accumulates gradients over those steps, and every ``gradient_accumulation_steps``
-   minibatches the optimiser steps;
+3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
+   ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
+   (a random subset, or the first ones: ``timestep_order``); every minibatch
+   (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
+   ``gradient_accumulation_steps`` minibatches the optimiser steps;
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -44,6 +45,7 @@ from genalign.trainers.checkpoint import (
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.losses import PolicyLoss
+from genalign.trainers.minibatches import epoch_minibatches
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
 
 logger = logging.getLogger(__name__)
@@ -229,6 +231,8 @@ class Trainer:
             )
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
+        kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
+        metrics["zero_advantage_fraction"] = int((~kept).sum()) / max(global_size, 1)
         sums: dict[str, float] = {}
         counts = 0
         update_start = time.perf_counter()
@@ -239,11 +243,11 @@ class Trainer:
                 global_size, stochastic.numel(), train.timestep_fraction, generator, train.timestep_order
             )
             step_indices = stochastic[chosen]  # (B_global, K) actual step indices
-            # a strategy may keep a variable number of samples (B2-DiffuRL's selection): the last
-            # minibatch may be partial; each sample still weighs 1 / minibatch_size
-            num_minibatches = -(-global_size // train.minibatch_size)
-            for m in range(num_minibatches):
-                members = permutation[m * train.minibatch_size : (m + 1) * train.minibatch_size]
+            minibatches = epoch_minibatches(
+                permutation, train.minibatch_size, kept if train.drop_zero_advantage else None
+            )
+            for m, minibatch in enumerate(minibatches):
+                members = minibatch.members
                 local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
                 local_global = [int(g) for g in members.tolist() if int(g) in local_position]
                 # under FSDP every process must run the same passes: one without samples in this
@@ -254,7 +258,7 @@ class Trainer:
                     columns = local_global if local else [int(batch.global_index[0])]
                     sub = trajectory.select(rows)
                     advantages = batch.advantages[torch.tensor(rows)]
-                    share = len(local) / train.minibatch_size
+                    share = len(local) / minibatch.normaliser
                     if self.sharded:
                         share *= self.accelerator.num_processes  # FSDP averages over processes
                     for k in range(step_indices.shape[1]):
@@ -267,7 +271,7 @@ class Trainer:
                         for key, value in info.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
                         counts += 1
-                if (m + 1) % train.gradient_accumulation_steps == 0 or m == num_minibatches - 1:
+                if (m + 1) % train.gradient_accumulation_steps == 0 or m == len(minibatches) - 1:
                     self._optimizer_step()
         metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
         end_step = getattr(self.loss, "end_step", None)  # e.g. DiffusionNFT's old-policy soft update
@@ -276,6 +280,14 @@ class Trainer:
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         return metrics
+
+    def _nonzero_advantages(self, batch: RolloutBatch, global_size: int) -> torch.Tensor:
+        """bool ``[B_global]``: whose advantage is not exactly 0 (gathered from every process)."""
+        index = self.gather(batch.global_index.to(self.device).long()).cpu()
+        nonzero = self.gather((batch.advantages != 0).to(self.device).long()).cpu()
+        kept = torch.zeros(global_size, dtype=torch.bool)
+        kept[index] = nonzero.bool()
+        return kept
 
     def _optimizer_step(self) -> None:
         train = self.config.train

@@ -111,10 +111,3 @@ def test_conventions_agree_for_cps():
     policy = TwoVelocityPolicy(scheduler, sample, prev_sample, v_theta, v_ref, 0.7, "cps")
     for i in range(NUM_STEPS - 1):  # the CPS step to sigma = 0 is deterministic: no KL there
         assert kl_metric("official", policy, i).item() == kl_metric("exact", policy, i).item()
-
-
-def test_unknown_kl_convention_fails_at_load_naming_the_key():
-    from genalign.config import ConfigError, from_dict
-
-    with pytest.raises(ConfigError, match=r"train\.kl_convention: 'flow_grpo' is not one of"):
-        from_dict(TrainConfig, {"kl_convention": "flow_grpo"}, prefix="train")

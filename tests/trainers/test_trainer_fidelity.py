@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.rewards import Reward, RewardOutput
 from genalign.trainers import build_trainer, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +19,17 @@ TINY = ROOT / "configs" / "tiny"
 @pytest.fixture(autouse=True)
 def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one process-wide state and refuses an Accelerator whose mixed precision
+    differs from the first one's: reset it around a test that changes it (both ways)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def make_trainer(tmp_path: Path, recipe: str, *overrides: str):
@@ -90,6 +102,7 @@ ON_POLICY = [
 
 
 @pytest.mark.parametrize("recipe", ["ddpo_jpeg.yaml", "flow_grpo_jpeg.yaml", "rlcm_jpeg.yaml"])
+@pytest.mark.usefixtures("fresh_accelerator_state")
 def test_rollout_and_rescoring_share_the_precision_context_under_bf16(tmp_path, recipe):
     """Under CPU bf16 autocast the stored log-probs are recomputed bit for bit, in any sub-batch."""
     trainer = make_trainer(tmp_path, recipe, *ON_POLICY)
@@ -112,6 +125,7 @@ def test_rollout_and_rescoring_share_the_precision_context_under_bf16(tmp_path, 
 
 
 @pytest.mark.parametrize("recipe", ["ddpo_jpeg.yaml", "flow_grpo_jpeg.yaml", "rlcm_jpeg.yaml"])
+@pytest.mark.usefixtures("fresh_accelerator_state")
 def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, recipe):
     """Every loss call of this step is before the optimiser step, so each ratio must be exactly 1
     (issue 20 measured clipfrac 0.58 here before rollouts ran under the update's autocast)."""
@@ -129,6 +143,7 @@ def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, re
     ],
     ids=["b2diffurl", "sol_rl", "naive_scaling"],
 )
+@pytest.mark.usefixtures("fresh_accelerator_state")
 def test_every_strategy_rolls_out_in_the_update_precision(tmp_path, recipe, overrides):
     trainer = make_trainer(tmp_path, recipe, "train.mixed_precision=bf16", *overrides)
     trajectory = trainer.strategy.collect(trainer, 0).trajectory
@@ -137,3 +152,91 @@ def test_every_strategy_rolls_out_in_the_update_precision(tmp_path, recipe, over
         with torch.no_grad(), trainer.precision():
             log_prob = trainer.policy.step(trajectory, index).log_prob
         assert torch.equal(log_prob, trajectory.log_probs[:, index]), index
+
+
+class FirstGroupTiedReward(Reward):
+    """Image brightness, except that the first group's samples all score 0.5 (zero advantages)."""
+
+    name = "first_group_tied_test"
+
+    def __init__(self, group_size: int) -> None:
+        super().__init__()
+        self.group_size = group_size
+
+    def score(self, images, prompts, **metadata):
+        scores = images.float().mean(dim=(1, 2, 3))
+        scores[: self.group_size] = 0.5
+        return RewardOutput(scores)
+
+
+def captured_gradients(trainer, step: int = 0) -> tuple[dict[str, torch.Tensor], dict]:
+    """Run ``train_step`` with the optimiser step replaced by a copy of the gradients."""
+    grads = {}
+
+    def record():
+        for name, parameter in trainer.policy.named_trainable_parameters().items():
+            grads[name] = parameter.grad.detach().clone()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    trainer._optimizer_step = record
+    return grads, trainer.train_step(step)
+
+
+ZERO_ADVANTAGE = [
+    "sampling.num_inference_steps=4",
+    "train.prompts_per_step=3",
+    "train.group_size=2",
+    "train.minibatch_size=6",  # one minibatch: every loss call is on-policy
+    "train.timestep_fraction=0.5",
+    "train.timestep_order=first",  # steps 0 and 1 for every sample
+    "train.kl_coef=0.0",
+]
+
+
+def test_zero_advantage_samples_leave_the_loss_and_the_kept_ones_are_averaged(tmp_path):
+    trainer = make_trainer(tmp_path, "flow_grpo_jpeg.yaml", *ZERO_ADVANTAGE, "train.drop_zero_advantage=true")
+    trainer.reward = FirstGroupTiedReward(group_size=2)
+    batch = trainer.strategy.collect(trainer, 0)
+    trainer.strategy.collect = lambda trainer, step: batch  # train on exactly this batch
+    grads, metrics = captured_gradients(trainer)
+    kept = [i for i in range(6) if batch.advantages[i] != 0]
+    assert kept == [2, 3, 4, 5] and (batch.advantages[:2] == 0).all()
+    assert metrics["zero_advantage_fraction"] == 2 / 6
+
+    # by hand: Flow-GRPO's loss on the kept samples only, mean over them and the 2 trained steps;
+    # ratio = exp((log p - log p_old) / D) (per-element mean), A the sample's advantage
+    trajectory = batch.trajectory
+    elements = trajectory.latents[0, 0].numel()
+    policy = trainer.policy
+    hand = 0.0
+    for i in kept:
+        one = trajectory.select([i])
+        for k in (0, 1):
+            with trainer.precision():
+                log_prob = policy.step(one, k).log_prob
+            ratio = torch.exp((log_prob - trajectory.log_probs[i, k]) / elements)
+            hand = hand - batch.advantages[i] * ratio.sum() / (len(kept) * 2)
+    hand.backward()
+    for name, parameter in policy.named_trainable_parameters().items():
+        torch.testing.assert_close(grads[name], parameter.grad, rtol=1e-4, atol=1e-9)
+    assert any(g.abs().sum() > 0 for g in grads.values())
+
+    # without the filter the same gradient is divided by all 6 samples instead of the 4 kept
+    other = make_trainer(
+        tmp_path / "all", "flow_grpo_jpeg.yaml", *ZERO_ADVANTAGE, "train.drop_zero_advantage=false"
+    )
+    other.strategy.collect = lambda trainer, step: batch
+    all_grads, all_metrics = captured_gradients(other)
+    assert all_metrics["zero_advantage_fraction"] == 2 / 6
+    for name in grads:
+        torch.testing.assert_close(all_grads[name], grads[name] * 4 / 6, rtol=1e-4, atol=1e-9)
+
+
+def test_a_batch_without_any_nonzero_advantage_makes_no_update(tmp_path):
+    trainer = make_trainer(tmp_path, "flow_grpo_jpeg.yaml", *ZERO_ADVANTAGE, "train.drop_zero_advantage=true")
+    trainer.reward = FirstGroupTiedReward(group_size=6)  # every group tied
+    before = {n: p.detach().clone() for n, p in trainer.policy.named_trainable_parameters().items()}
+    metrics = trainer.train_step(0)
+    assert metrics["zero_advantage_fraction"] == 1.0
+    assert trainer.optimizer_steps == 0
+    assert all(torch.equal(before[n], p) for n, p in trainer.policy.named_trainable_parameters().items())
