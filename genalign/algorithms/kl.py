@@ -2,7 +2,9 @@
 
 * :func:`gaussian_step_kl` — two denoising steps with the same noise scale differ only in their
   means, so ``KL(N(mu_theta, s^2 I) || N(mu_ref, s^2 I)) = ||mu_theta - mu_ref||^2 / (2 s^2)``
-  exactly; Flow-GRPO (Liu et al. 2025) regularises with this per-step term.
+  exactly; Flow-GRPO (Liu et al. 2025) regularises with this per-step term, its code with the SDE's
+  diffusion coefficient ``std_dev_t`` in place of the step std ``std_dev_t sqrt(-dt)`` (the
+  ``kl_convention`` option of the ``ppo_clip`` loss passes either as ``std``).
 * :func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3` — Schulman's estimators ("Approximating KL
   Divergence", 2020) of ``KL(pi_theta || pi_ref)`` from log-probabilities of samples drawn from
   ``pi_theta``: with ``log r = log pi_ref(x) - log pi_theta(x)``,

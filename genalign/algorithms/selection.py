@@ -2,30 +2,36 @@
 
 Backpropagating through every step of every trajectory is the dominant cost of diffusion RL, so
 DDPO (Black et al. 2023, app. B, ``timestep_fraction``) trains each sample on a random subset of
-its steps, drawn independently per sample, and Flow-GRPO's code (Liu et al. 2025,
-``train.timestep_fraction``) trains on the leading fraction of them. Both keep ``k = fraction * num_steps`` steps; here
-``k = max(1, round_half_up(fraction * num_steps))``.
+its steps, drawn independently per sample (``order="random"``), and Flow-GRPO's code (Liu et al.
+2025, ``train.timestep_fraction``) trains every sample on the first steps in sampling order, the
+noisiest ones (``order="first"``). Both keep ``k = int(num_steps * timestep_fraction)`` steps,
+rounded down (ddpo-pytorch's and flow_grpo's ``num_train_timesteps``); here also at least one.
+So ``timestep_fraction: 0.99`` with 10 steps trains 9, never the final step to ``sigma = 0``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 
 SelectionMode = Literal["random", "first", "last"]
+TimestepOrder = Literal["random", "first"]
 
 __all__ = ["num_selected_timesteps", "select_timesteps", "select_timesteps_per_sample"]
 
 
 def num_selected_timesteps(num_steps: int, timestep_fraction: float) -> int:
-    """``max(1, round(num_steps * timestep_fraction))`` rounded half up, with the inputs checked."""
+    """``max(1, int(num_steps * timestep_fraction))``: floored as DDPO and Flow-GRPO do, inputs checked.
+
+    The product is floored in floating point exactly as the anchors' ``int(...)`` does, so a
+    recipe trains the steps its source code trains (``int(100 * 0.29) == 28``, too).
+    """
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
     if not 0 < timestep_fraction <= 1:
         raise ValueError(f"timestep_fraction must be in (0, 1], got {timestep_fraction}")
-    return max(1, min(num_steps, math.floor(num_steps * timestep_fraction + 0.5)))
+    return max(1, min(num_steps, int(num_steps * timestep_fraction)))
 
 
 def select_timesteps(
@@ -61,12 +67,18 @@ def select_timesteps_per_sample(
     num_steps: int,
     timestep_fraction: float,
     generator: torch.Generator | None = None,
+    order: TimestepOrder = "random",
 ) -> torch.Tensor:
-    """An independent random subset of steps for every sample (DDPO's per-sample permutations).
+    """The steps each sample trains on, one row per sample, ``k = int(num_steps * fraction)``.
 
-    Row ``i`` holds the first ``k`` entries of a uniform random permutation of
-    ``range(num_steps)``, in that permuted order, as DDPO iterates them: column ``j`` is the step
-    each sample trains on at inner iteration ``j``.
+    * ``order="random"`` (DDPO, ddpo-pytorch's per-sample ``torch.randperm``): row ``i`` holds the
+      first ``k`` entries of a uniform random permutation of ``range(num_steps)``, in that permuted
+      order, as DDPO iterates them.
+    * ``order="first"`` (Flow-GRPO, flow_grpo's ``for j in range(num_train_timesteps)``): every
+      row is ``0, 1, ..., k - 1``, the first ``k`` steps in sampling order; ``generator`` is not
+      used.
+
+    Column ``j`` is the step each sample trains on at inner iteration ``j``.
 
     Returns:
         LongTensor ``[batch_size, k]`` on the CPU; each row has distinct entries.
@@ -74,6 +86,10 @@ def select_timesteps_per_sample(
     if batch_size < 0:
         raise ValueError(f"batch_size must be non-negative, got {batch_size}")
     k = num_selected_timesteps(num_steps, timestep_fraction)
+    if order == "first":
+        return torch.arange(k).expand(batch_size, k).clone()  # [B, k]
+    if order != "random":
+        raise ValueError(f"order must be 'random' or 'first', got {order!r}")
     # argsort of i.i.d. uniforms is a uniform random permutation per row.
     keys = torch.rand(batch_size, num_steps, generator=generator)  # [B, T]
     return torch.argsort(keys, dim=1)[:, :k]

@@ -53,9 +53,12 @@ def flow_sde_step(
     * ``"sde"``: ``std = std_t sqrt(-dt)``. At ``sigma == 1`` the ratio ``sigma / (1 - sigma)`` is
       infinite; as in flow_grpo, ``sigmas[1]`` replaces ``sigma`` in the denominator there.
       The step to ``sigma_next = 0`` is still stochastic (``std = std_t sqrt(sigma)``).
+      ``kl_std = std_t``: flow_grpo's KL penalty divides by ``2 std_t^2`` (its ``std_dev_t``, no
+      ``sqrt(-dt)``), ``1 / |dt|`` times less than the exact step KL ``/ (2 std^2)``.
     * ``"cps"``: ``std = sigma_next sin(noise_level pi / 2)``; ``log_prob`` is the exact density
       (flow_grpo keeps only ``-(x - mean)^2``). The step to ``sigma_next = 0`` is deterministic
-      (``mean = x0_hat``, ``std = 0``, ``log_prob = 0``).
+      (``mean = x0_hat``, ``std = 0``, ``log_prob = 0``). ``kl_std = std``: flow_grpo's CPS
+      ``std_dev_t`` is the step std, so its KL is the exact one.
     * ``"ode"``: Euler, ``std = 0``, ``log_prob = 0``; equals ``FlowMatchEulerDiscreteScheduler.step``.
 
     ``noise_level = 0`` makes ``"sde"`` the Euler ODE step and ``"cps"`` the DDIM-like
@@ -74,9 +77,9 @@ def flow_sde_step(
         generator: a ``torch.Generator`` or a list with one per sample.
 
     Returns:
-        :class:`StepOutput` with fp32 ``mean`` ``[B, ...]``, ``std`` ``[B, 1, ..., 1]``,
-        ``log_prob`` ``[B]``, ``pred_original_sample = x - sigma v`` and ``prev_sample`` in
-        ``sample.dtype``.
+        :class:`StepOutput` with fp32 ``mean`` ``[B, ...]``, ``std`` and ``kl_std``
+        ``[B, 1, ..., 1]``, ``log_prob`` ``[B]``, ``pred_original_sample = x - sigma v`` and
+        ``prev_sample`` in ``sample.dtype``.
     """
     if mode not in FLOW_MODES:
         raise ValueError(f"mode must be one of {FLOW_MODES}, got {mode!r}")
@@ -92,6 +95,7 @@ def flow_sde_step(
     sigma_next = per_sample(sigmas[index + 1], x)  # (B, 1, 1, 1)
     dt = sigma_next - sigma  # (B, 1, 1, 1), negative
     original = x - sigma * v  # x0_hat, (B, C, H, W)
+    kl_std = None  # the step std, unless the SDE's official KL scale differs
 
     if mode == "sde":
         sigma_max = sigmas[1].to(x.device)
@@ -99,6 +103,7 @@ def flow_sde_step(
         # drift of the marginal-preserving SDE: v - (std_t^2 / 2) * score, score = -(x + (1 - sigma) v) / sigma
         mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
         std = std_t * torch.sqrt((-dt).clamp(min=0))  # (B, 1, 1, 1)
+        kl_std = std_t  # flow_grpo's std_dev_t, (B, 1, 1, 1)
         stochastic = noise_level > 0
     elif mode == "cps":
         noise_estimate = x + (1 - sigma) * v  # eps_hat, (B, C, H, W)
@@ -110,4 +115,4 @@ def flow_sde_step(
         std = torch.zeros_like(sigma)
         stochastic = False
 
-    return sample_or_score(mean, std, original, sample.dtype, prev_sample, generator, stochastic)
+    return sample_or_score(mean, std, original, sample.dtype, prev_sample, generator, stochastic, kl_std)

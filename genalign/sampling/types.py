@@ -47,6 +47,11 @@ class StepOutput:
             model output; ``prev_sample`` is treated as data (detached).
         pred_original_sample: ``[B, ...]`` fp32 clean-sample prediction used by the step (for a
             consistency step, the boundary-conditioned ``denoised`` output).
+        kl_std: ``[B, 1, ..., 1]`` fp32 scale of Flow-GRPO's official KL penalty
+            ``||mu_theta - mu_ref||^2 / (2 kl_std^2)``. The flow SDE step sets it to the diffusion
+            coefficient ``std_t = a sqrt(sigma / (1 - sigma))`` *without* the step's ``sqrt(-dt)``
+            (flow_grpo's ``std_dev_t``); every other kernel leaves it ``None``, which means ``std``
+            (the exact Gaussian KL), as flow_grpo's CPS step, DDPO and RLCM have it.
     """
 
     prev_sample: Tensor
@@ -54,6 +59,11 @@ class StepOutput:
     std: Tensor
     log_prob: Tensor
     pred_original_sample: Tensor
+    kl_std: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kl_std is None:
+            self.kl_std = self.std
 
 
 def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -164,6 +174,7 @@ def sample_or_score(
     prev_sample: Tensor | None,
     generator: GeneratorLike,
     stochastic: bool,
+    kl_std: Tensor | None = None,
 ) -> StepOutput:
     """Draw ``prev_sample = mean + std * z`` (or take the given one) and score it.
 
@@ -177,6 +188,7 @@ def sample_or_score(
         generator: a ``torch.Generator`` or one per sample, as ``diffusers``' ``randn_tensor``.
         stochastic: ``False`` when ``std`` is zero for every sample; no noise is drawn then, so
             the generator is left untouched.
+        kl_std: the scale of the official KL penalty (:attr:`StepOutput.kl_std`); None: ``std``.
     """
     if prev_sample is None:
         if stochastic:
@@ -195,4 +207,5 @@ def sample_or_score(
         std=std,
         log_prob=log_prob,
         pred_original_sample=pred_original_sample,
+        kl_std=kl_std,
     )

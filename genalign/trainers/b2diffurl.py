@@ -251,14 +251,15 @@ class B2DiffuRLStrategy(RolloutStrategy):
         parts = []
         for first in range(0, len(prompts), chunk):
             rows = slice(first, first + chunk)
-            prefix = trainer.policy.rollout(
-                prompts[rows], seeds=seeds[rows], stop_step=start, **trainer.rollout_kwargs()
-            )
-            parts.append(
-                trainer.policy.continue_rollout(
-                    prefix, start, seeds=branch_seeds[rows].reshape(-1), repeats=branches
+            with trainer.precision():  # the update's context: the first inner step is on-policy
+                prefix = trainer.policy.rollout(
+                    prompts[rows], seeds=seeds[rows], stop_step=start, **trainer.rollout_kwargs()
                 )
-            )
+                parts.append(
+                    trainer.policy.continue_rollout(
+                        prefix, start, seeds=branch_seeds[rows].reshape(-1), repeats=branches
+                    )
+                )
         trajectory = parts[0] if len(parts) == 1 else Trajectory.concat(parts)
         trajectory.extras.update(prefix_seeds=seeds.repeat_interleave(branches), branch_step=start)
         return trajectory

@@ -76,10 +76,18 @@ class PolicyLoss:
 class PPOClipLoss(PolicyLoss):
     """PPO-clip on denoising steps (DDPO-IS, Black et al. 2023, eq. 4 with PPO's clipping; GRPO /
     Flow-GRPO, Liu et al. 2025, eq. 6), plus Flow-GRPO's KL to the reference policy:
-    ``KL(pi_theta || pi_ref) = ||mu_theta - mu_ref||^2 / (2 sigma^2)`` per step (eq. 7).
+    ``KL(pi_theta || pi_ref) = ||mu_theta - mu_ref||^2 / (2 s^2)`` per step (eq. 7).
 
     ``ratio_reduction="mean"`` divides log-probs by the number of latent elements before the
     ratio, as DDPO and Flow-GRPO do, so their clip ranges carry over; ``"sum"`` uses exact ratios.
+
+    ``kl_convention`` picks ``s``: ``"official"`` is the step's ``kl_std``, for the flow SDE
+    flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` without the Euler-Maruyama
+    ``sqrt(-dt)`` (Flow-GRPO's code, ``train_sd3.py``: ``kl_loss = ((mean - mean_ref)**2).mean((1,
+    2, 3)) / (2 * std_dev_t**2)``), so its ``beta`` carries over; ``"exact"`` is the step std, the
+    exact KL between the two Gaussian step policies, ``1 / |dt|`` times the official value for
+    the flow SDE. For flow CPS, DDIM and consistency steps ``kl_std == std`` and they agree.
+    ``kl_reduction`` ("mean" over latent elements as flow_grpo, or "sum") applies to either.
     """
 
     def __init__(self, config: Any) -> None:
@@ -103,7 +111,8 @@ class PPOClipLoss(PolicyLoss):
         if config.kl_coef > 0:
             with torch.no_grad(), policy.reference():
                 reference = policy.step(trajectory, step_index)
-            kl = gaussian_step_kl(out.mean, reference.mean, out.std, reduction=config.kl_reduction)  # (B,)
+            std = out.kl_std if config.kl_convention == "official" else out.std  # (B, 1, ..., 1)
+            kl = gaussian_step_kl(out.mean, reference.mean, std, reduction=config.kl_reduction)  # (B,)
             loss = loss + config.kl_coef * kl.mean()
             metrics["kl"] = kl.detach().mean()
         return loss, metrics

@@ -25,6 +25,7 @@ rate) and its time split into exploration, scoring and regeneration (the trainer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -153,19 +154,29 @@ class SolRLStrategy(GroupRolloutStrategy):
         return policy.prepare_latents(len(seeds), settings.height, settings.width, generators)
 
     def _rollout(
-        self, trainer: Trainer, prompts: list[str], seeds: torch.Tensor, steps: int, chunk: int | None
+        self,
+        trainer: Trainer,
+        prompts: list[str],
+        seeds: torch.Tensor,
+        steps: int,
+        chunk: int | None,
+        trained: bool = True,
     ) -> Trajectory:
+        """Roll out ``prompts`` from ``seeds`` in chunks; ``trained``: the samples are trained on,
+        so they run in the update's precision context (``trainer.precision()``); the quantised
+        preview keeps its own precision (``train.sol_rl.preview_precision``)."""
         kwargs = dict(trainer.rollout_kwargs(), num_inference_steps=steps)
         chunk = chunk or len(prompts)
         parts = []
         for start in range(0, len(prompts), chunk):
             part_seeds = seeds[start : start + chunk]
             noise = self.initial_noise(trainer, part_seeds)
-            parts.append(
-                trainer.policy.rollout(
-                    prompts[start : start + chunk], seeds=part_seeds, latents=noise, **kwargs
+            with trainer.precision() if trained else contextlib.nullcontext():
+                parts.append(
+                    trainer.policy.rollout(
+                        prompts[start : start + chunk], seeds=part_seeds, latents=noise, **kwargs
+                    )
                 )
-            )
         return parts[0] if len(parts) == 1 else Trajectory.concat(parts)
 
     def _score(self, trainer: Trainer, trajectory: Trajectory) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -200,7 +211,12 @@ class SolRLStrategy(GroupRolloutStrategy):
             )
             with swapped_denoiser(trainer.policy, preview_denoiser, report.compute_dtype):
                 pool = self._rollout(
-                    trainer, local_pool_prompts, pool_seeds[pool_rows], steps, sol.preview_batch_size
+                    trainer,
+                    local_pool_prompts,
+                    pool_seeds[pool_rows],
+                    steps,
+                    sol.preview_batch_size,
+                    trained=False,
                 )
             del preview_denoiser
         else:

@@ -66,7 +66,12 @@ class RolloutBatch:
 
 
 class RolloutStrategy:
-    """Base class: ``collect(trainer, step) -> RolloutBatch``; ``state_dict`` for checkpoints."""
+    """Base class: ``collect(trainer, step) -> RolloutBatch``; ``state_dict`` for checkpoints.
+
+    Rollouts that are trained on run inside ``trainer.precision()``, the context in which the
+    update recomputes their log-probs, so the first inner step is exactly on-policy; rewards are
+    scored outside it, as in ddpo-pytorch and flow_grpo.
+    """
 
     def collect(self, trainer: Trainer, step: int) -> RolloutBatch:
         raise NotImplementedError
@@ -116,7 +121,8 @@ class GroupRolloutStrategy(RolloutStrategy):
         prompts, group_ids, seeds = self.global_batch(trainer, step)
         rows = trainer.local_rows(len(prompts))
         local_prompts = [prompts[i] for i in rows.tolist()]
-        trajectory = trainer.policy.rollout(local_prompts, seeds=seeds[rows], **trainer.rollout_kwargs())
+        with trainer.precision():
+            trajectory = trainer.policy.rollout(local_prompts, seeds=seeds[rows], **trainer.rollout_kwargs())
         trajectory.group_ids = group_ids[rows]
         out = trainer.reward(trajectory.images, local_prompts)
         rewards = out.scores.detach().float().to(trainer.device)

@@ -5,11 +5,14 @@ recipes (DDPO, GRPO, Flow-GRPO, RLCM) are choices of them made in YAML (``config
 
 Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
-1. the strategy draws the step's global batch, rolls out this process's share and scores it;
+1. the strategy draws the step's global batch, rolls out this process's share in the training
+   precision context (:meth:`Trainer.precision`) and scores it;
 2. a NaN reward skips the step (logged, nothing applied);
-3. for each inner epoch, the global batch is permuted and each sample gets a random subset of
-   its stochastic steps (``timestep_fraction``); every minibatch accumulates gradients over
-   those steps, and every ``gradient_accumulation_steps`` minibatches the optimiser steps;
+3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
+   ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
+   (a random subset, or the first ones: ``timestep_order``); every minibatch
+   (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
+   ``gradient_accumulation_steps`` minibatches the optimiser steps;
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -42,6 +45,7 @@ from genalign.trainers.checkpoint import (
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.losses import PolicyLoss
+from genalign.trainers.minibatches import epoch_minibatches
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
 
 logger = logging.getLogger(__name__)
@@ -163,6 +167,17 @@ class Trainer:
                 parameter.grad = torch.zeros_like(parameter)
             torch.distributed.all_reduce(parameter.grad, op=torch.distributed.ReduceOp.SUM)
 
+    def precision(self) -> contextlib.AbstractContextManager:
+        """The precision context of rollouts and of log-prob recomputation (``accelerate``'s
+        autocast under ``train.mixed_precision``, a no-op otherwise).
+
+        Rollouts whose log-probs are trained on and the update's re-scoring must run in the same
+        context, or under bf16 / fp16 the first inner step's ratio is not 1 (issue 20: clipfrac
+        0.58 on a wholly on-policy step of the tiny Flow-GRPO recipe). ddpo-pytorch and flow_grpo
+        sample under the same ``accelerator.autocast()`` as they train.
+        """
+        return self.accelerator.autocast()
+
     def rollout_kwargs(self) -> dict[str, Any]:
         s = self.config.sampling
         return {
@@ -225,6 +240,8 @@ class Trainer:
         self._grad_norms: list[float] = []
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
+        kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
+        metrics["zero_advantage_fraction"] = int((~kept).sum()) / max(global_size, 1)
         sums: dict[str, float] = {}
         counts = 0
         update_start = time.perf_counter()
@@ -232,14 +249,14 @@ class Trainer:
             generator = step_generator(train.seed, step, epoch)
             permutation = torch.randperm(global_size, generator=generator)
             chosen = select_timesteps_per_sample(
-                global_size, stochastic.numel(), train.timestep_fraction, generator
+                global_size, stochastic.numel(), train.timestep_fraction, generator, train.timestep_order
             )
             step_indices = stochastic[chosen]  # (B_global, K) actual step indices
-            # a strategy may keep a variable number of samples (B2-DiffuRL's selection): the last
-            # minibatch may be partial; each sample still weighs 1 / minibatch_size
-            num_minibatches = -(-global_size // train.minibatch_size)
-            for m in range(num_minibatches):
-                members = permutation[m * train.minibatch_size : (m + 1) * train.minibatch_size]
+            minibatches = epoch_minibatches(
+                permutation, train.minibatch_size, kept if train.drop_zero_advantage else None
+            )
+            for m, minibatch in enumerate(minibatches):
+                members = minibatch.members
                 local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
                 local_global = [int(g) for g in members.tolist() if int(g) in local_position]
                 # under FSDP every process must run the same passes: one without samples in this
@@ -250,11 +267,11 @@ class Trainer:
                     columns = local_global if local else [int(batch.global_index[0])]
                     sub = trajectory.select(rows)
                     advantages = batch.advantages[torch.tensor(rows)]
-                    share = len(local) / train.minibatch_size
+                    share = len(local) / minibatch.normaliser
                     if self.sharded:
                         share *= self.accelerator.num_processes  # FSDP averages over processes
                     for k in range(step_indices.shape[1]):
-                        with self.accelerator.autocast():
+                        with self.precision():
                             loss, info = self.loss(self.policy, sub, step_indices[columns, k], advantages)
                         scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
                         (loss * scale).backward()
@@ -263,7 +280,7 @@ class Trainer:
                         for key, value in info.items():
                             sums[key] = sums.get(key, 0.0) + float(value)
                         counts += 1
-                if (m + 1) % train.gradient_accumulation_steps == 0 or m == num_minibatches - 1:
+                if (m + 1) % train.gradient_accumulation_steps == 0 or m == len(minibatches) - 1:
                     self._optimizer_step()
         metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
         end_step = getattr(self.loss, "end_step", None)  # e.g. DiffusionNFT's old-policy soft update
@@ -295,6 +312,14 @@ class Trainer:
             "param_change": math.sqrt(squared_change / max(count, 1)),
             "param_change_rel": math.sqrt(squared_change / squared_norm) if squared_norm > 0 else float("nan"),
         }
+
+    def _nonzero_advantages(self, batch: RolloutBatch, global_size: int) -> torch.Tensor:
+        """bool ``[B_global]``: whose advantage is not exactly 0 (gathered from every process)."""
+        index = self.gather(batch.global_index.to(self.device).long()).cpu()
+        nonzero = self.gather((batch.advantages != 0).to(self.device).long()).cpu()
+        kept = torch.zeros(global_size, dtype=torch.bool)
+        kept[index] = nonzero.bool()
+        return kept
 
     def _optimizer_step(self) -> None:
         train = self.config.train
@@ -552,29 +577,10 @@ class Trainer:
         return out
 
     def plot_rewards(self) -> Path | None:
-        steps = [m["step"] for m in self.history if not m.get("skipped")]
-        if not steps:
-            return None
-        import matplotlib
+        from genalign.utils.plots import reward_curve
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        mean = [m["reward_mean"] for m in self.history if not m.get("skipped")]
-        err = [m["reward_stderr"] for m in self.history if not m.get("skipped")]
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(steps, mean, marker="o", ms=3)
-        ax.fill_between(
-            steps, [a - b for a, b in zip(mean, err)], [a + b for a, b in zip(mean, err)], alpha=0.25
-        )
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"reward ({self.config.reward.name})")
-        ax.set_title(self.config.name)
-        fig.tight_layout()
-        path = self.run_dir / "reward_curve.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        ylabel = f"reward ({self.config.reward.name})"
+        return reward_curve(self.history, ylabel, self.config.name, self.run_dir / "reward_curve.png")
 
 
 def make_accelerator(config: RecipeConfig) -> Any:

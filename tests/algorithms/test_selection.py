@@ -9,13 +9,36 @@ from genalign.algorithms.selection import (
     select_timesteps_per_sample,
 )
 
+# k = int(T * fraction) as ddpo-pytorch and flow_grpo compute ``num_train_timesteps``, at least 1
+ANCHOR_COUNTS = [(10, 0.99, 9), (10, 0.5, 5), (20, 0.6, 12), (3, 0.2, 1), (6, 0.99, 5), (10, 0.25, 2),
+                 (10, 0.01, 1), (10, 1.0, 10), (3, 0.5, 1), (1, 0.3, 1), (100, 0.29, 28)]  # fmt: skip
 
-@pytest.mark.parametrize(
-    "num_steps, fraction, expected",
-    [(10, 0.5, 5), (10, 0.25, 3), (10, 0.24, 2), (10, 0.01, 1), (10, 1.0, 10), (3, 0.5, 2), (1, 0.3, 1)],
-)
-def test_count_rounds_half_up_and_keeps_at_least_one(num_steps, fraction, expected):
+
+@pytest.mark.parametrize("num_steps, fraction, expected", ANCHOR_COUNTS)
+def test_count_floors_like_the_anchors_and_keeps_at_least_one(num_steps, fraction, expected):
     assert num_selected_timesteps(num_steps, fraction) == expected
+
+
+@pytest.mark.parametrize("num_steps, fraction, expected", ANCHOR_COUNTS)
+def test_first_order_trains_the_first_k_steps_of_every_sample(num_steps, fraction, expected):
+    steps = select_timesteps_per_sample(5, num_steps, fraction, order="first")
+    assert steps.dtype == torch.long
+    assert steps.tolist() == [list(range(expected))] * 5
+
+
+@pytest.mark.parametrize("num_steps, fraction, expected", ANCHOR_COUNTS)
+def test_random_order_trains_k_distinct_steps_per_sample(num_steps, fraction, expected):
+    generator = torch.Generator().manual_seed(num_steps)
+    steps = select_timesteps_per_sample(64, num_steps, fraction, generator, order="random")
+    assert steps.shape == (64, expected)
+    assert all(len(set(row)) == expected and set(row) <= set(range(num_steps)) for row in steps.tolist())
+    if expected < num_steps:  # subsets differ between samples
+        assert len({tuple(sorted(row)) for row in steps.tolist()}) > 1
+
+
+def test_unknown_order_is_an_error():
+    with pytest.raises(ValueError, match="order"):
+        select_timesteps_per_sample(2, 10, 0.5, order="last")
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.01])

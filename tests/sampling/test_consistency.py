@@ -85,6 +85,7 @@ def test_log_prob_is_exact_gaussian_density_and_rescoring_is_exact():
     out = consistency_step(scheduler, model_output, t, sample)
     expected = Normal(out.mean, out.std).log_prob(out.prev_sample).sum(dim=(1, 2, 3))
     torch.testing.assert_close(out.log_prob, expected)
+    assert torch.equal(out.kl_std, out.std)
     rescored = consistency_step(scheduler, model_output, t, sample, prev_sample=out.prev_sample)
     assert torch.equal(rescored.log_prob, out.log_prob)
     given = consistency_step(scheduler, model_output, t, sample, prev_sample=other)

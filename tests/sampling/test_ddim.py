@@ -81,6 +81,7 @@ def test_log_prob_is_exact_gaussian_density():
     expected = Normal(out.mean, out.std).log_prob(out.prev_sample).sum(dim=(1, 2, 3))
     torch.testing.assert_close(out.log_prob, expected)
     assert out.log_prob.shape == (SHAPE[0],) and out.log_prob.dtype == torch.float32
+    assert torch.equal(out.kl_std, out.std)  # DDPO's KL scale is the step std
 
 
 def test_given_prev_sample_is_scored_and_rescoring_is_exact():

@@ -55,6 +55,8 @@ def test_sde_mean_is_euler_maruyama_of_the_marginal_preserving_sde():
         expected_mean = sample + (velocity + std_t**2 / (2 * sigma) * eps) * dt
         torch.testing.assert_close(out.mean, expected_mean, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.std, torch.full((3, 1, 1, 1), std_t * math.sqrt(-dt)))
+        # Flow-GRPO's KL scale: its std_dev_t, without sqrt(-dt)
+        torch.testing.assert_close(out.kl_std, torch.full((3, 1, 1, 1), std_t))
         torch.testing.assert_close(out.pred_original_sample, x0, rtol=1e-5, atol=1e-5)
         assert torch.isfinite(out.log_prob).all()
 
@@ -71,6 +73,7 @@ def test_cps_preserves_forward_process_coefficients():
         expected_mean = (1 - sigma_next) * x0 + math.sqrt(sigma_next**2 - std**2) * eps
         torch.testing.assert_close(out.mean, expected_mean, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.std, torch.full((3, 1, 1, 1), std))
+        assert torch.equal(out.kl_std, out.std)  # flow_grpo's CPS std_dev_t is the step std
 
 
 def test_cps_final_step_is_deterministic_and_sde_final_step_is_finite():

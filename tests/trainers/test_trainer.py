@@ -234,6 +234,9 @@ def test_tensorboard_tracker_writes_events(tmp_path):
         ("train.learning_rte=1", "unknown config key 'learning_rte'"),
         ("train.group_size=three", "train.group_size: expected an integer"),
         ("model.family=flow", "is for the 'sd' family"),
+        ("train.timestep_order=last", r"train\.timestep_order: 'last' is not one of \['random', 'first'\]"),
+        ("train.kl_convention=flow_grpo", r"train\.kl_convention: 'flow_grpo' is not one of"),
+        ("train.drop_zero_advantage=maybe", r"train\.drop_zero_advantage: expected true/false"),
     ],
 )
 def test_bad_recipes_fail_at_load_time_naming_the_key(override, message):

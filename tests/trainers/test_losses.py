@@ -1,0 +1,113 @@
+"""The ppo_clip loss's KL penalty in Flow-GRPO's official units and in exact units (issue 20).
+
+flow_grpo (``train_sd3.py`` and ``diffusers_patch/sd3_sde_with_logprob.py``) computes, per trained
+step, ``((mean - mean_ref) ** 2).mean(dim=(1, 2, 3)) / (2 * std_dev_t ** 2)`` with
+``std_dev_t = noise_level * sqrt(sigma / (1 - sigma))`` (``sigma_max = sigmas[1]`` replacing
+``sigma`` in the denominator at ``sigma == 1``), no ``sqrt(-dt)``; the exact KL of the two
+Gaussian steps divides by the step variance ``std_dev_t**2 * (-dt)`` instead. Both are written out
+here from those formulas, on a real diffusers scheduler's sigmas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from genalign.sampling import flow_sde_step
+from genalign.trainers.config import TrainConfig
+from genalign.trainers.losses import PPOClipLoss
+
+SHAPE = (3, 4, 8, 8)  # (B, C, H, W)
+NUM_STEPS = 10
+
+
+def sd3_scheduler() -> FlowMatchEulerDiscreteScheduler:
+    """SD3 / SD3.5's scheduler config (shift 3.0) on Flow-GRPO's 10-step training schedule."""
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+    scheduler.set_timesteps(NUM_STEPS)
+    return scheduler
+
+
+class TwoVelocityPolicy:
+    """A stand-in policy: the trained and the reference model are two fixed velocity fields."""
+
+    def __init__(self, scheduler, sample, prev_sample, v_theta, v_ref, noise_level, mode):
+        self.scheduler, self.sample, self.prev_sample = scheduler, sample, prev_sample
+        self.v_theta, self.v_ref, self.noise_level, self.mode = v_theta, v_ref, noise_level, mode
+        self.in_reference = False
+
+    @contextlib.contextmanager
+    def reference(self):
+        self.in_reference = True
+        try:
+            yield self
+        finally:
+            self.in_reference = False
+
+    def step(self, trajectory, step_index):
+        velocity = self.v_ref if self.in_reference else self.v_theta
+        return flow_sde_step(
+            self.scheduler, velocity, step_index, self.sample, self.noise_level, self.mode, self.prev_sample
+        )
+
+
+def flow_grpo_mean(sample, velocity, sigma, sigma_next, sigma_max, noise_level):
+    """flow_grpo's ``sde_step_with_logprob`` mean (SDE type "sde"), and its ``std_dev_t``."""
+    std_dev_t = noise_level * math.sqrt(sigma / (1 - (sigma_max if sigma == 1 else sigma)))
+    dt = sigma_next - sigma
+    mean = (
+        sample * (1 + std_dev_t**2 / (2 * sigma) * dt)
+        + velocity * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    )
+    return mean, std_dev_t
+
+
+def kl_metric(convention: str, policy, step: int, reduction: str = "mean") -> torch.Tensor:
+    config = TrainConfig(kl_coef=0.04, kl_convention=convention, kl_reduction=reduction)
+    batch = SHAPE[0]
+    trajectory = SimpleNamespace(
+        batch_size=batch,
+        log_probs=torch.zeros(batch, NUM_STEPS),
+        latents=torch.zeros(batch, NUM_STEPS + 1, *SHAPE[1:]),
+    )
+    _, metrics = PPOClipLoss(config)(policy, trajectory, torch.full((batch,), step), torch.zeros(batch))
+    return metrics["kl"]
+
+
+@pytest.mark.parametrize("noise_level", [0.7, 1.0])
+def test_official_kl_equals_flow_grpo_and_exact_is_one_over_dt_larger(noise_level):
+    scheduler = sd3_scheduler()
+    sigmas = scheduler.sigmas.tolist()
+    generator = torch.Generator().manual_seed(0)
+    sample, prev_sample, v_theta, v_ref = (torch.randn(SHAPE, generator=generator) for _ in range(4))
+    policy = TwoVelocityPolicy(scheduler, sample, prev_sample, v_theta, v_ref, noise_level, "sde")
+    for i in range(NUM_STEPS):
+        sigma, sigma_next = sigmas[i], sigmas[i + 1]
+        mean, std_dev_t = flow_grpo_mean(
+            sample.double(), v_theta.double(), sigma, sigma_next, sigmas[1], noise_level
+        )
+        mean_ref, _ = flow_grpo_mean(
+            sample.double(), v_ref.double(), sigma, sigma_next, sigmas[1], noise_level
+        )
+        official = (((mean - mean_ref) ** 2).mean(dim=(1, 2, 3)) / (2 * std_dev_t**2)).mean()
+        ours = kl_metric("official", policy, i)
+        assert ours.item() / official.item() == pytest.approx(1.0, rel=1e-5)
+        exact = kl_metric("exact", policy, i)
+        assert exact.item() / ours.item() == pytest.approx(1 / (sigma - sigma_next), rel=1e-5)
+        # kl_reduction is independent of the convention: sum = mean * elements per sample
+        summed = kl_metric("official", policy, i, reduction="sum")
+        assert summed.item() == pytest.approx(ours.item() * math.prod(SHAPE[1:]), rel=1e-5)
+
+
+def test_conventions_agree_for_cps():
+    scheduler = sd3_scheduler()
+    generator = torch.Generator().manual_seed(1)
+    sample, prev_sample, v_theta, v_ref = (torch.randn(SHAPE, generator=generator) for _ in range(4))
+    policy = TwoVelocityPolicy(scheduler, sample, prev_sample, v_theta, v_ref, 0.7, "cps")
+    for i in range(NUM_STEPS - 1):  # the CPS step to sigma = 0 is deterministic: no KL there
+        assert kl_metric("official", policy, i).item() == kl_metric("exact", policy, i).item()
