@@ -10,8 +10,9 @@ the training prompts on fixed seeds for a caption, else the RL-held-out set (``-
 One JSON line per run is appended to ``--out/results.jsonl``; the metrics of each run stay in its
 run folder. ``docs/toy_rl_study.md`` reports what these runs measured::
 
-    python benchmarks/toy_rl_study.py --name grpo-1prompt --oracle \\
+    python benchmarks/toy_rl_study.py --name grpo-1prompt --oracle correct \\
         --prompts "a photo of a black circle and a red square" train.num_steps=40
+    python benchmarks/toy_rl_study.py --plot grpo-1prompt nft-1prompt --plot-path docs/figures/x.png
 """
 
 from __future__ import annotations
@@ -96,9 +97,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def plot(out: Path, names: list[str], path: Path, window: int = 5) -> Path:
+    """The training reward (a running mean over ``window`` steps) of the named runs in one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name in names:
+        lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        rewards = [json.loads(line)["reward_mean"] for line in lines if line.strip()]
+        smooth = [statistics.fmean(rewards[max(0, i - window + 1) : i + 1]) for i in range(len(rewards))]
+        ax.plot(range(len(smooth)), smooth, label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"reward on the rollouts (running mean of {window})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--plot", nargs="+", default=None, help="plot these runs' reward curves and exit")
+    parser.add_argument("--plot-path", default="docs/figures/toy_rl_study.png")
+    parser.add_argument("--name", default=None)
     parser.add_argument("--recipe", default=str(ROOT / "configs" / "toy" / "demo.yaml"))
     parser.add_argument("--prompts", default="rl_train", help="a caption, rl_train, or a prompt file")
     parser.add_argument("--oracle", choices=["correct", "partial"], default=None, help="train on the verifier")
@@ -107,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/study")
     parser.add_argument("overrides", nargs="*", help="recipe key=value overrides")
     args = parser.parse_args(argv)
+    if args.plot:
+        print(plot(Path(args.out), args.plot, Path(args.plot_path)))
+        return 0
+    if not args.name:
+        parser.error("--name is required for a run")
     logging.basicConfig(level=logging.WARNING)
     result = run(args)
     Path(args.out).mkdir(parents=True, exist_ok=True)
