@@ -32,12 +32,17 @@ def batch_gradients(overrides: list[str], batches: int, recipe: str) -> list[tor
     from genalign.trainers.config import load_recipe
     from genalign.trainers.trainer import build_trainer
 
-    config = load_recipe(recipe, ["logging.run_dir=/tmp/genalign-snr/{name}", "logging.progress=false", *overrides])
+    config = load_recipe(
+        recipe, ["logging.run_dir=/tmp/genalign-snr/{name}", "logging.progress=false", *overrides]
+    )
     trainer = build_trainer(config, base_dir=Path(recipe).parent)
     gradients: list[torch.Tensor] = []
 
     def record() -> None:  # replaces the optimiser step: keep the gradient, change no weight
-        flat = [p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel()) for p in trainer.parameters]
+        flat = [
+            p.grad.detach().flatten() if p.grad is not None else torch.zeros(p.numel())
+            for p in trainer.parameters
+        ]
         gradients.append(torch.cat(flat).clone())
         for parameter in trainer.parameters:
             parameter.grad = None
@@ -56,7 +61,9 @@ def signal_fraction(gradients: list[torch.Tensor]) -> dict[str, float]:
     ]
     return {
         "cosine_mean": statistics.fmean(cosines),
-        "cosine_stderr": statistics.stdev(cosines) / len(cosines) ** 0.5 if len(cosines) > 1 else float("nan"),
+        "cosine_stderr": statistics.stdev(cosines) / len(cosines) ** 0.5
+        if len(cosines) > 1
+        else float("nan"),
         "gradient_norm": statistics.fmean(float(g.norm()) for g in gradients),
         "pairs": len(cosines),
     }

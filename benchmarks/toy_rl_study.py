@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = [f"name={args.name}", f"logging.run_dir={args.out}/runs/{{name}}", "logging.sample_every=0"]
     overrides += ["logging.progress=false"] + _prompt_overrides(args.prompts)
     if args.oracle:
-        overrides += ["reward.name=shapes_eval", f"reward.kwargs={json.dumps({'partial': args.oracle == 'partial'})}"]
+        overrides += [
+            "reward.name=shapes_eval",
+            f"reward.kwargs={json.dumps({'partial': args.oracle == 'partial'})}",
+        ]
     overrides += list(args.overrides)
     config = load_recipe(args.recipe, overrides)
     torch.manual_seed(config.train.seed)
@@ -90,7 +93,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": len(history),
         "seconds": seconds,
     }
-    for key in ("approx_kl", "clipfrac", "grad_norm", "param_change", "zero_variance_groups", "group_reward_std"):
+    for key in (
+        "approx_kl",
+        "clipfrac",
+        "grad_norm",
+        "param_change",
+        "zero_variance_groups",
+        "group_reward_std",
+    ):
         values = [m[key] for m in history if key in m and math.isfinite(m[key])]
         if values:
             result[f"{key}_mean"] = statistics.fmean(values)
@@ -127,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None)
     parser.add_argument("--recipe", default=str(ROOT / "configs" / "toy" / "demo.yaml"))
     parser.add_argument("--prompts", default="rl_train", help="a caption, rl_train, or a prompt file")
-    parser.add_argument("--oracle", choices=["correct", "partial"], default=None, help="train on the verifier")
+    parser.add_argument(
+        "--oracle", choices=["correct", "partial"], default=None, help="train on the verifier"
+    )
     parser.add_argument("--eval-images", type=int, default=64)
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--out", default="runs/study")

@@ -155,8 +155,12 @@ def group_reward_statistics(
         return {"zero_variance_groups": float("nan"), "group_reward_std": float("nan")}
     counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, torch.ones_like(rewards))
     means = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, rewards) / counts
-    variance = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, (rewards - means[index]) ** 2)
-    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, index, rewards, "amax")
+    variance = torch.zeros(num_groups, dtype=torch.float64).index_add_(
+        0, index, (rewards - means[index]) ** 2
+    )
+    high = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(
+        0, index, rewards, "amax"
+    )
     low = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, index, rewards, "amin")
     return {
         "zero_variance_groups": float((high == low).double().mean()),

@@ -43,6 +43,7 @@ from genalign.trainers.checkpoint import (
     save_checkpoint,
 )
 from genalign.trainers.config import RecipeConfig
+from genalign.trainers.diagnostics import parameter_change, snapshot
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
@@ -236,8 +237,9 @@ class Trainer:
             metrics.update(
                 group_reward_statistics(batch.global_rewards[finite], batch.global_group_ids[finite.cpu()])
             )
-        before = self._snapshot_parameters()
-        self._grad_norms: list[float] = []
+        # a copy of the trainable weights for the step's param_change (off: logging.param_change)
+        before = snapshot(self.parameters) if self.config.logging.param_change else None
+        self._grad_norms = []
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
         kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
@@ -291,27 +293,8 @@ class Trainer:
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if before is not None:
-            metrics.update(self._parameter_change(before))
+            metrics.update(parameter_change(before, self.parameters))
         return metrics
-
-    def _snapshot_parameters(self) -> list[torch.Tensor] | None:
-        """Copies of the trainable parameters, for the step's ``param_change`` (None when off)."""
-        if not self.config.logging.param_change:
-            return None
-        return [p.detach().clone() for p in self.parameters]
-
-    def _parameter_change(self, before: list[torch.Tensor]) -> dict[str, float]:
-        """``param_change``: RMS of the step's update over all trainable elements;
-        ``param_change_rel``: ``||theta_after - theta_before|| / ||theta_before||``."""
-        squared_change, squared_norm, count = 0.0, 0.0, 0
-        for old, new in zip(before, self.parameters):
-            squared_change += float((new.detach().float() - old.float()).pow(2).sum())
-            squared_norm += float(old.float().pow(2).sum())
-            count += old.numel()
-        return {
-            "param_change": math.sqrt(squared_change / max(count, 1)),
-            "param_change_rel": math.sqrt(squared_change / squared_norm) if squared_norm > 0 else float("nan"),
-        }
 
     def _nonzero_advantages(self, batch: RolloutBatch, global_size: int) -> torch.Tensor:
         """bool ``[B_global]``: whose advantage is not exactly 0 (gathered from every process)."""
