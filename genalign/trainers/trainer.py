@@ -7,12 +7,14 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
 1. the strategy draws the step's global batch, rolls out this process's share in the training
    precision context (:meth:`Trainer.precision`) and scores it;
-2. a NaN reward skips the step (logged, nothing applied);
+2. a non-finite reward (NaN, +-inf) skips the step (logged and counted, nothing applied;
+   :mod:`genalign.trainers.guards`);
 3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
    ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
    (a random subset, or the first ones: ``timestep_order``); every minibatch
    (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
-   ``gradient_accumulation_steps`` minibatches the optimiser steps;
+   ``gradient_accumulation_steps`` minibatches the optimiser steps (not when the gradient is
+   not finite: the step's ``nonfinite_grad_steps`` counts those);
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -44,6 +46,13 @@ from genalign.trainers.checkpoint import (
 )
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.ema import ParameterEMA
+from genalign.trainers.guards import (
+    NonFiniteWeightsError,
+    count_nonfinite,
+    gradients_are_finite,
+    nonfinite_tensors,
+    skip_nonfinite_rewards,
+)
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
@@ -209,6 +218,8 @@ class Trainer:
         metrics["time_rollout"] = rollout_seconds
         metrics.update(self._monitor_metrics(batch))
         metrics.update(getattr(batch, "metrics", {}))  # a strategy's own report (Sol-RL fidelity, timings)
+        if not batch.skipped:  # a strategy that does not check its rewards itself
+            skip_nonfinite_rewards(batch)
         if batch.skipped:
             logger.warning("step %d skipped: %s", step, batch.reason)
             metrics.update(skipped=True, skip_reason=batch.reason)
@@ -238,6 +249,7 @@ class Trainer:
             )
         before = self._snapshot_parameters()
         self._grad_norms: list[float] = []
+        self._nonfinite_grad_steps = 0
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
         kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
@@ -288,6 +300,7 @@ class Trainer:
             metrics.update(end_step(self, step) or {})
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if before is not None:
@@ -310,7 +323,9 @@ class Trainer:
             count += old.numel()
         return {
             "param_change": math.sqrt(squared_change / max(count, 1)),
-            "param_change_rel": math.sqrt(squared_change / squared_norm) if squared_norm > 0 else float("nan"),
+            "param_change_rel": math.sqrt(squared_change / squared_norm)
+            if squared_norm > 0
+            else float("nan"),
         }
 
     def _nonzero_advantages(self, batch: RolloutBatch, global_size: int) -> torch.Tensor:
@@ -329,6 +344,11 @@ class Trainer:
             self.parameters, train.max_grad_norm if train.max_grad_norm > 0 else math.inf
         )
         self._grad_norms.append(float(norm))
+        if not gradients_are_finite(norm):  # a NaN / infinite loss: applying it would poison the weights
+            logger.warning("optimizer step skipped: the gradient norm is %s", float(norm))
+            self.optimizer.zero_grad(set_to_none=True)
+            self._nonfinite_grad_steps = getattr(self, "_nonfinite_grad_steps", 0) + 1
+            return
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -360,6 +380,7 @@ class Trainer:
             "reward_std": std,
             "reward_stderr": std / math.sqrt(n),
             "samples": int(rewards.numel()),
+            "nonfinite_rewards": count_nonfinite(rewards),
         }
         for key, value in batch.details.items():
             metrics[f"reward_{key}"] = value
@@ -391,6 +412,12 @@ class Trainer:
         path = None
         # gathered on every process (collectives under FSDP), written by the main one
         tensors = {"trainable": self._trainable_state()}
+        poisoned = nonfinite_tensors(tensors["trainable"])
+        if poisoned:
+            raise NonFiniteWeightsError(
+                f"not saving a checkpoint at step {self.step}: {len(poisoned)} trainable tensors hold "
+                f"NaN or inf (e.g. {poisoned[0]}); the previous checkpoint stays the latest"
+            )
         loss_state = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
         if loss_state:
             tensors["loss"] = loss_state  # e.g. DiffusionNFT's old policy
