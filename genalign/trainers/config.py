@@ -304,34 +304,34 @@ class SolRLConfig:
 class TrainConfig:
     """The RL algorithm and optimiser.
 
-    Batch arithmetic: each step draws ``prompts_per_step`` prompts and ``group_size`` samples for
-    each, so ``batch_size = prompts_per_step * group_size`` samples (across all processes). Each
-    inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
-    ``timestep_fraction`` of the stochastic steps; one optimiser step per
-    ``gradient_accumulation_steps`` minibatches.
+        Batch arithmetic: each step draws ``prompts_per_step`` prompts and ``group_size`` samples for
+        each, so ``batch_size = prompts_per_step * group_size`` samples (across all processes). Each
+        inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
+        ``timestep_fraction`` of the stochastic steps; one optimiser step per
+        ``gradient_accumulation_steps`` minibatches.
 
-<<<<<<< HEAD
-    Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
-    "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
-    steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
-=======
-    Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
-    as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
-    (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
+    <<<<<<< HEAD
+        Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
+        "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
+        steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
+    =======
+        Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
+        as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
+        (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
 
-    KL penalty of the ``ppo_clip`` loss (``kl_coef > 0``): ``kl_coef * ||mu_theta - mu_ref||^2 /
-    (2 s^2)`` per trained step. ``kl_convention`` "official" takes Flow-GRPO's ``s``
-    (flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without
-    the step's ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's
-    own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
-    flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
-    mean over latent elements) is independent of it.
+        KL penalty of the ``ppo_clip`` loss (``kl_coef > 0``): ``kl_coef * ||mu_theta - mu_ref||^2 /
+        (2 s^2)`` per trained step. ``kl_convention`` "official" takes Flow-GRPO's ``s``
+        (flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without
+        the step's ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's
+        own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
+        flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
+        mean over latent elements) is independent of it.
 
-    ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
-    equal) leave the update, and each minibatch's loss is the mean over its kept samples
-    (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
-    logged either way.
->>>>>>> fid-core
+        ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
+        equal) leave the update, and each minibatch's loss is the mean over its kept samples
+        (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
+        logged either way.
+    >>>>>>> fid-core
     """
 
     method: Literal[
@@ -450,6 +450,9 @@ class LoggingConfig:
     checkpoint_every: int = 0  # 0: only at the end
     keep_last: int = 2
     resume: str | None = None  # "latest" or a checkpoint folder
+    # a fresh run (no resume) into a folder holding another run's checkpoints or metrics refuses;
+    # overwrite=true deletes that run's outputs first (genalign.trainers.run_folder.RUN_OUTPUTS)
+    overwrite: bool = False
     progress: bool = True
     # log each step's parameter change (param_change, param_change_rel); keeps one copy of the
     # trainable parameters during the update: turn off for a full fine-tune that cannot afford it

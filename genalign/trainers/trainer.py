@@ -55,6 +55,7 @@ from genalign.trainers.guards import (
 )
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
+from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
 
 logger = logging.getLogger(__name__)
@@ -447,8 +448,11 @@ class Trainer:
     def resume(self, where: str) -> None:
         """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
         path = latest_checkpoint(self.run_dir) if where == "latest" else Path(where)
-        if path is None:
-            logger.info("no checkpoint in %s: starting from scratch", self.run_dir)
+        if path is None:  # nothing to continue: a fresh run, without the earlier run's metric lines
+            logger.warning(
+                "resume=latest: no checkpoint in %s yet; starting a fresh run at step 0", self.run_dir
+            )
+            self._truncate_metrics(0)
             return
         checkpoint = load_checkpoint(path, expected_recipe=self.config.fingerprint())
         named = self.policy.named_trainable_parameters()
@@ -493,13 +497,8 @@ class Trainer:
         """Drop metric lines of steps after ``step`` (logged before a crash, redone after resume)."""
         if not self.is_main_process or not self.metrics_path.exists():
             return
-        kept = [
-            line
-            for line in self.metrics_path.read_text().splitlines()
-            if line and json.loads(line)["step"] < step
-        ]
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
-        self.history = [json.loads(line) for line in kept]
+        self.history = [row for row in read_metrics(self.metrics_path) if row["step"] < step]
+        rewrite_metrics(self.metrics_path, self.history)
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
@@ -522,13 +521,24 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run from the current step to ``train.num_steps``; return the metrics of every step."""
+        """Run from the current step to ``train.num_steps``; return the metrics of every step.
+
+        The run folder is locked for the run (:mod:`genalign.trainers.run_folder`): a second live
+        run into it fails, and a fresh run into a folder holding another run refuses unless
+        ``logging.overwrite`` is set.
+        """
+        with owned_run_folder(self.run_dir, self.is_main_process):
+            return self._train()
+
+    def _train(self) -> list[dict[str, Any]]:
         from genalign.utils.progress import progress_bar
 
         config = self.config
         if config.logging.resume:
             self.resume(config.logging.resume)
-        else:  # a fresh run in a used folder: metric lines of the earlier run would mix with ours
+        else:
+            if self.is_main_process:
+                check_fresh_run(self.run_dir, config.logging.overwrite)
             self._truncate_metrics(self.step)
         if self.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
