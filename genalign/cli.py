@@ -107,6 +107,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"step {last['step']}: {last['reward_mean']:.4f} +- {last['reward_stderr']:.4f}"
             )
         print(f"run folder: {trainer.run_dir}")
+    if trainer.interrupted is not None:  # SIGTERM / Ctrl-C: the shell's convention, 128 + signal
+        if main_process:
+            print(
+                f"interrupted after step {trainer.step - 1}: checkpoint saved; continue with "
+                "logging.resume=latest"
+            )
+        return 128 + int(trainer.interrupted)
     return 0
 
 

@@ -447,7 +447,9 @@ class LoggingConfig:
     run_dir: str = "runs/{name}"
     trackers: list[Literal["wandb", "tensorboard"]] = field(default_factory=list)
     sample_every: int = 0  # write a sample grid every N steps (0: never)
-    checkpoint_every: int = 0  # 0: only at the end
+    # write a checkpoint every N steps (0: only at the end and on SIGTERM / Ctrl-C / a failed step);
+    # 10 by default so a crash the trainer cannot catch (kill -9, power) loses at most 10 steps
+    checkpoint_every: int = 10
     keep_last: int = 2
     resume: str | None = None  # "latest" or a checkpoint folder
     # a fresh run (no resume) into a folder holding another run's checkpoints or metrics refuses;

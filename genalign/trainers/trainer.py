@@ -53,6 +53,7 @@ from genalign.trainers.guards import (
     nonfinite_tensors,
     skip_nonfinite_rewards,
 )
+from genalign.trainers.interrupts import GracefulStop, StepSnapshot
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
@@ -138,6 +139,8 @@ class Trainer:
         self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
         self.step = 0
         self.optimizer_steps = 0
+        self.saved_step: int | None = None  # the step of the checkpoint this trainer last wrote
+        self.interrupted: int | None = None  # the signal that stopped train() early, if one did
         # called as ``callback(trainer, step, metrics)`` after each step, before it is logged;
         # a callback may add entries to ``metrics`` (e.g. a periodic held-out evaluation)
         self.callbacks: list[Any] = []
@@ -408,8 +411,11 @@ class Trainer:
         state["shadow_params"] = [full_tensor(t).cpu() for t in state["shadow_params"]]
         return state
 
-    def save(self) -> Path | None:
-        """Write an atomic checkpoint of everything needed to resume (main process only)."""
+    def save(self, rng_state: Any | None = None) -> Path | None:
+        """Write an atomic checkpoint of everything needed to resume (main process only).
+
+        ``rng_state``: the RNG state to store (default: the current one).
+        """
         path = None
         # gathered on every process (collectives under FSDP), written by the main one
         tensors = {"trainable": self._trainable_state()}
@@ -434,7 +440,7 @@ class Trainer:
                 tensors=tensors,
                 optimizer_state=optimizer_state,
                 scheduler_state=self.lr_scheduler.state_dict(),
-                rng_state=capture_rng_state(),
+                rng_state=rng_state if rng_state is not None else capture_rng_state(),
                 states=states,
                 extra={"optimizer_steps": self.optimizer_steps},
                 keep_last=self.config.logging.keep_last,
@@ -443,6 +449,7 @@ class Trainer:
             )
             logger.info("saved checkpoint %s", path)
         self.accelerator.wait_for_everyone()
+        self.saved_step = self.step
         return path
 
     def resume(self, where: str) -> None:
@@ -483,7 +490,7 @@ class Trainer:
             self.ema.load_state_dict(ema_state)
         if checkpoint.rng_state is not None:
             restore_rng_state(checkpoint.rng_state)
-        self.step = checkpoint.step
+        self.step = self.saved_step = checkpoint.step
         self.optimizer_steps = int(checkpoint.extra.get("optimizer_steps", 0))
         self._truncate_metrics(self.step)
         logger.info("resumed from %s at step %d", path, self.step)
@@ -550,18 +557,18 @@ class Trainer:
             desc="train",
             disable=not (config.logging.progress and self.is_main_process),
         )
-        for step in bar:
-            metrics = self.train_step(step)
-            self.step = step + 1
-            for callback in self.callbacks:
-                callback(self, step, metrics)
-            self.log(metrics)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
-            every = config.logging.sample_every
-            if every and step % every == 0 and self.is_main_process:
-                self.save_samples(self._last_images, step)
-            if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+        with GracefulStop() as stop:
+            for step in bar:
+                self._run_step(step, bar)
+                if stop.requested is not None:
+                    break
+        if stop.requested is not None and self.step < config.train.num_steps:
+            # SIGTERM / Ctrl-C: keep the finished steps, skip the export
+            self.interrupted = stop.requested
+            if self.saved_step != self.step:
                 self.save()
+            logger.warning("interrupted: stopped after step %d and saved it", self.step - 1)
+            return self.history
         if not latest_checkpoint(self.run_dir) or self._latest_step() != self.step:
             self.save()
         self.export_weights()  # gathers on every process under FSDP; the main one writes
@@ -570,6 +577,26 @@ class Trainer:
         if config.logging.trackers:
             self.accelerator.end_training()
         return self.history
+
+    def _run_step(self, step: int, bar: Any) -> None:
+        """One step of the loop: train, callbacks, log, samples, periodic checkpoint."""
+        config = self.config
+        snapshot = StepSnapshot(self)
+        try:
+            metrics = self.train_step(step)
+        except Exception as error:  # a reward or loss exception: keep the last good step
+            snapshot.save_after_failure(self, error)
+            raise
+        self.step = step + 1
+        for callback in self.callbacks:
+            callback(self, step, metrics)
+        self.log(metrics)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
+        every = config.logging.sample_every
+        if every and step % every == 0 and self.is_main_process:
+            self.save_samples(self._last_images, step)
+        if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+            self.save()
 
     def _latest_step(self) -> int:
         path = latest_checkpoint(self.run_dir)
