@@ -41,6 +41,7 @@ from genalign.trainers.checkpoint import (
     capture_rng_state,
     latest_checkpoint,
     load_checkpoint,
+    load_latest_intact,
     restore_rng_state,
     save_checkpoint,
 )
@@ -454,14 +455,18 @@ class Trainer:
 
     def resume(self, where: str) -> None:
         """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
-        path = latest_checkpoint(self.run_dir) if where == "latest" else Path(where)
-        if path is None:  # nothing to continue: a fresh run, without the earlier run's metric lines
+        fingerprint = self.config.fingerprint()
+        if where == "latest":  # the newest intact one: damaged ones are skipped with a warning
+            checkpoint = load_latest_intact(self.run_dir, expected_recipe=fingerprint)
+        else:
+            checkpoint = load_checkpoint(Path(where), expected_recipe=fingerprint)
+        if checkpoint is None:  # nothing to continue: a fresh run, without the earlier run's metric lines
             logger.warning(
                 "resume=latest: no checkpoint in %s yet; starting a fresh run at step 0", self.run_dir
             )
             self._truncate_metrics(0)
             return
-        checkpoint = load_checkpoint(path, expected_recipe=self.config.fingerprint())
+        path = checkpoint.path
         named = self.policy.named_trainable_parameters()
         saved = checkpoint.tensors["trainable"]
         missing = sorted(set(named) - set(saved))
