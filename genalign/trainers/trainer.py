@@ -37,28 +37,16 @@ import torch
 from genalign.algorithms import group_reward_statistics, select_timesteps_per_sample
 from genalign.policies import DiffusionPolicy
 from genalign.rewards import Reward
-from genalign.trainers.checkpoint import (
-    capture_rng_state,
-    latest_checkpoint,
-    load_checkpoint,
-    load_latest_intact,
-    restore_rng_state,
-    save_checkpoint,
-)
+from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.ema import ParameterEMA
-from genalign.trainers.guards import (
-    NonFiniteWeightsError,
-    count_nonfinite,
-    gradients_are_finite,
-    nonfinite_tensors,
-    skip_nonfinite_rewards,
-)
+from genalign.trainers.guards import count_nonfinite, gradients_are_finite, skip_nonfinite_rewards
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
+from genalign.trainers.trainer_state import resume_trainer, save_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -391,114 +379,16 @@ class Trainer:
             metrics[f"reward_{key}"] = value
         return metrics
 
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _trainable_state(self) -> dict[str, torch.Tensor]:
-        """Full CPU copies of the trainable weights (a collective under FSDP)."""
-        from genalign.trainers.distributed import full_state
-
-        return full_state(self.policy.named_trainable_parameters())
-
-    def _optimizer_state(self) -> dict[str, Any]:
-        if self.sharded:
-            from genalign.trainers.distributed import full_optimizer_state
-
-            return full_optimizer_state(self.policy.denoiser, self.optimizer)
-        return self.optimizer.state_dict()
-
-    def _ema_state(self) -> dict[str, Any]:
-        from genalign.trainers.distributed import full_tensor
-
-        state = self.ema.state_dict()
-        state["shadow_params"] = [full_tensor(t).cpu() for t in state["shadow_params"]]
-        return state
-
+    # ---- checkpoints (genalign.trainers.trainer_state) ------------------------------------------
     def save(self, rng_state: Any | None = None) -> Path | None:
-        """Write an atomic checkpoint of everything needed to resume (main process only).
-
-        ``rng_state``: the RNG state to store (default: the current one).
-        """
-        path = None
-        # gathered on every process (collectives under FSDP), written by the main one
-        tensors = {"trainable": self._trainable_state()}
-        poisoned = nonfinite_tensors(tensors["trainable"])
-        if poisoned:
-            raise NonFiniteWeightsError(
-                f"not saving a checkpoint at step {self.step}: {len(poisoned)} trainable tensors hold "
-                f"NaN or inf (e.g. {poisoned[0]}); the previous checkpoint stays the latest"
-            )
-        loss_state = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
-        if loss_state:
-            tensors["loss"] = loss_state  # e.g. DiffusionNFT's old policy
-        optimizer_state = self._optimizer_state()
-        ema_state = self._ema_state() if self.ema is not None else None
-        if self.is_main_process:
-            states = {"strategy": self.strategy.state_dict()}
-            if ema_state is not None:
-                states["ema"] = ema_state
-            path = save_checkpoint(
-                self.run_dir,
-                self.step,
-                tensors=tensors,
-                optimizer_state=optimizer_state,
-                scheduler_state=self.lr_scheduler.state_dict(),
-                rng_state=rng_state if rng_state is not None else capture_rng_state(),
-                states=states,
-                extra={"optimizer_steps": self.optimizer_steps},
-                keep_last=self.config.logging.keep_last,
-                recipe_name=self.config.name,
-                recipe_fingerprint=self.config.fingerprint(),
-            )
-            logger.info("saved checkpoint %s", path)
-        self.accelerator.wait_for_everyone()
-        self.saved_step = self.step
-        return path
+        """Write an atomic checkpoint of everything needed to resume (main process only); never
+        from non-finite weights. ``rng_state``: the RNG state to store (default: the current one)."""
+        return save_trainer(self, rng_state)
 
     def resume(self, where: str) -> None:
-        """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
-        fingerprint = self.config.fingerprint()
-        if where == "latest":  # the newest intact one: damaged ones are skipped with a warning
-            checkpoint = load_latest_intact(self.run_dir, expected_recipe=fingerprint)
-        else:
-            checkpoint = load_checkpoint(Path(where), expected_recipe=fingerprint)
-        if checkpoint is None:  # nothing to continue: a fresh run, without the earlier run's metric lines
-            logger.warning(
-                "resume=latest: no checkpoint in %s yet; starting a fresh run at step 0", self.run_dir
-            )
-            self._truncate_metrics(0)
-            return
-        path = checkpoint.path
-        named = self.policy.named_trainable_parameters()
-        saved = checkpoint.tensors["trainable"]
-        missing = sorted(set(named) - set(saved))
-        if missing:
-            raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:5]}")
-        from genalign.trainers.distributed import load_full_into, load_full_optimizer_state
-
-        load_full_into(named, saved)
-        if self.sharded:
-            load_full_optimizer_state(self.policy.denoiser, self.optimizer, checkpoint.optimizer_state)
-        else:
-            self.optimizer.load_state_dict(checkpoint.optimizer_state)
-        self.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
-        self.strategy.load_state_dict(checkpoint.states.get("strategy", {}))
-        if hasattr(self.loss, "load_state_dict") and "loss" in checkpoint.tensors:
-            self.loss.load_state_dict(checkpoint.tensors["loss"])
-        if self.ema is not None and "ema" in checkpoint.states:
-            ema_state = dict(checkpoint.states["ema"])
-            if self.sharded:
-                from genalign.trainers.distributed import shard_like
-
-                ema_state["shadow_params"] = [
-                    shard_like(saved, current)
-                    for saved, current in zip(ema_state["shadow_params"], self.ema.shadow_params)
-                ]
-            self.ema.load_state_dict(ema_state)
-        if checkpoint.rng_state is not None:
-            restore_rng_state(checkpoint.rng_state)
-        self.step = self.saved_step = checkpoint.step
-        self.optimizer_steps = int(checkpoint.extra.get("optimizer_steps", 0))
-        self._truncate_metrics(self.step)
-        logger.info("resumed from %s at step %d", path, self.step)
+        """Continue from ``"latest"`` (the newest intact checkpoint in the run folder) or a
+        checkpoint folder; ``"latest"`` without a checkpoint starts a fresh, clean run."""
+        resume_trainer(self, where)
 
     # ---- logging -------------------------------------------------------------------------------
     @property
