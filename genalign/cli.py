@@ -177,6 +177,16 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
     if failed:
         print(f"warning: {failed} (reward, sample) scores failed; see report.md", file=sys.stderr)
     print(f"wrote scores.jsonl, summary.json, report.md and plots to {args.out}")
+    nothing = [key for key, entry in summary["rewards"].items() if entry["n_scored"] == 0]
+    if nothing:  # no metric exists: a script must not read this run as a result
+        for key in nothing:
+            first = (summary["rewards"][key].get("failures") or [{}])[0]
+            reason = f" (first failure: {first.get('line', '?')}: {first.get('error', '?')})" if first else ""
+            print(
+                f"genalign: error: {key} scored none of {summary['n_samples']} samples{reason}",
+                file=sys.stderr,
+            )
+        return 1
     return 0
 
 
