@@ -460,6 +460,15 @@ class LoggingConfig:
     # trainable parameters during the update: turn off for a full fine-tune that cannot afford it
     param_change: bool = True
 
+    def __post_init__(self) -> None:
+        try:
+            self.run_dir.format(name="run")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ConfigError(
+                f"logging.run_dir {self.run_dir!r}: the only placeholder allowed is {{name}} "
+                f"(braces otherwise doubled: {{{{ }}}}); {type(error).__name__}: {error}"
+            ) from error
+
 
 @dataclass
 class RecipeConfig:

@@ -88,6 +88,7 @@ class Trainer:
         self.prompts = list(prompts)
         if not self.prompts:
             raise ValueError("the prompt pool is empty")
+        self.fingerprint = config.fingerprint()  # identifies the recipe for resume
         train = config.train
         self.run_dir = Path(config.logging.run_dir.format(name=config.name))
         self.accelerator = accelerator or make_accelerator(config)
@@ -446,7 +447,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "recipe.json").write_text(json.dumps(_plain(config), indent=2))
         if config.logging.trackers:
-            self.accelerator.init_trackers(config.name, config={"fingerprint": config.fingerprint()})
+            self.accelerator.init_trackers(config.name, config={"fingerprint": self.fingerprint})
         bar = progress_bar(
             range(self.step, config.train.num_steps),
             desc="train",
@@ -566,8 +567,10 @@ def build_trainer(
     from genalign.policies import LoraSpec, load_policy
     from genalign.rewards import load_reward
     from genalign.trainers.losses import LOSSES
+    from genalign.trainers.preflight import check_recipe_names
     from genalign.trainers.strategies import STRATEGIES
 
+    check_recipe_names(config)  # every registry name, before any model loads
     model = config.model
     lora = LoraSpec(**_plain(model.lora)) if model.lora is not None else None
     # the accelerator first: under a multi-process launch it picks this process's device

@@ -89,7 +89,7 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
             extra={"optimizer_steps": trainer.optimizer_steps},
             keep_last=trainer.config.logging.keep_last,
             recipe_name=trainer.config.name,
-            recipe_fingerprint=trainer.config.fingerprint(),
+            recipe_fingerprint=trainer.fingerprint,
         )
         logger.info("saved checkpoint %s", path)
     trainer.accelerator.wait_for_everyone()
@@ -99,7 +99,7 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
 
 def resume_trainer(trainer: Trainer, where: str) -> None:
     """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
-    fingerprint = trainer.config.fingerprint()
+    fingerprint = trainer.fingerprint
     if where == "latest":  # the newest intact one: damaged ones are skipped with a warning
         checkpoint = load_latest_intact(trainer.run_dir, expected_recipe=fingerprint)
     else:
