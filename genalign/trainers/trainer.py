@@ -88,7 +88,7 @@ class Trainer:
         self.prompts = list(prompts)
         if not self.prompts:
             raise ValueError("the prompt pool is empty")
-        self.fingerprint = config.fingerprint()  # identifies the recipe for resume
+        self.fingerprint = config.fingerprint(self.prompts)  # identifies the recipe for resume
         train = config.train
         self.run_dir = Path(config.logging.run_dir.format(name=config.name))
         self.accelerator = accelerator or make_accelerator(config)
