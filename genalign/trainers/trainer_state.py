@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["resume_trainer", "save_trainer"]
+__all__ = ["resume_trainer", "save_trainer", "trainable_state"]
 
 
-def _trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+def trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Full CPU copies of the trainable weights (a collective under FSDP)."""
     from genalign.trainers.distributed import full_state
 
@@ -62,7 +62,7 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
     """
     path = None
     # gathered on every process (collectives under FSDP), written by the main one
-    tensors = {"trainable": _trainable_state(trainer)}
+    tensors = {"trainable": trainable_state(trainer)}
     poisoned = nonfinite_tensors(tensors["trainable"])
     if poisoned:
         raise NonFiniteWeightsError(
