@@ -57,18 +57,27 @@ def check_options(factory: Any, options: dict[str, Any], key: str, what: str) ->
         )
 
 
+def _check_reward_class(entry: Any, key: str, base: type) -> None:
+    """A reward plug-in must be a :class:`~genalign.rewards.Reward` subclass (it is called as one)."""
+    if not (isinstance(entry, type) and issubclass(entry, base)):
+        raise ConfigError(f"{key}: {entry!r} is not a genalign.rewards.Reward subclass")
+
+
 def check_recipe_names(config: Any) -> None:
     """Resolve every registry name in a :class:`~genalign.trainers.config.RecipeConfig`."""
     from genalign.policies import POLICIES
+    from genalign.rewards import Reward
     from genalign.rewards.base import REWARDS
     from genalign.trainers.losses import LOSSES
     from genalign.trainers.strategies import STRATEGIES
 
     resolve_name(POLICIES, config.model.family, "model.family")
     reward = resolve_name(REWARDS, config.reward.name, "reward.name")
+    _check_reward_class(reward, "reward.name", Reward)
     check_options(reward, dict(config.reward.kwargs), "reward.kwargs", f"reward {config.reward.name!r}")
     for name, kwargs in config.reward.monitors.items():
         monitor = resolve_name(REWARDS, name, f"reward.monitors.{name}")
+        _check_reward_class(monitor, f"reward.monitors.{name}", Reward)
         check_options(monitor, dict(kwargs or {}), f"reward.monitors.{name}", f"reward {name!r}")
     resolve_name(STRATEGIES, config.train.strategy, "train.strategy")
     resolve_name(LOSSES, config.train.loss, "train.loss")

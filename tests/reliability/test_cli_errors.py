@@ -59,6 +59,10 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
             "reward.kwargs: reward 'jpeg_compressibility' takes no option 'qualty'",
         ),
         ("model.family=gan train.method=grpo", "model.family: unknown policy family 'gan'"),
+        (
+            "reward.name=collections:OrderedDict",
+            "reward.name: <class 'collections.OrderedDict'> is not a genalign",
+        ),
         ("logging.run_dir=runs/{0}", "logging.run_dir 'runs/{0}': the only placeholder allowed is {name}"),
         ("train.num_steps=[1", "override 'train.num_steps=[1': the value is not valid YAML"),
     ],
