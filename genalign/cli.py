@@ -22,6 +22,9 @@ PIPELINE_FAMILIES = {
 }
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
 def detect_family(model: str) -> str:
     """The policy family of a hub id or local folder, read from its ``model_index.json``."""
     from diffusers import DiffusionPipeline
@@ -107,6 +110,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"step {last['step']}: {last['reward_mean']:.4f} +- {last['reward_stderr']:.4f}"
             )
         print(f"run folder: {trainer.run_dir}")
+    if trainer.interrupted is not None:  # SIGTERM / Ctrl-C: the shell's convention, 128 + signal
+        if main_process:
+            print(
+                f"interrupted after step {trainer.step - 1}: checkpoint saved; continue with "
+                "logging.resume=latest"
+            )
+        return 128 + int(trainer.interrupted)
     return 0
 
 
@@ -170,6 +180,16 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
     if failed:
         print(f"warning: {failed} (reward, sample) scores failed; see report.md", file=sys.stderr)
     print(f"wrote scores.jsonl, summary.json, report.md and plots to {args.out}")
+    nothing = [key for key, entry in summary["rewards"].items() if entry["n_scored"] == 0]
+    if nothing:  # no metric exists: a script must not read this run as a result
+        for key in nothing:
+            first = (summary["rewards"][key].get("failures") or [{}])[0]
+            reason = f" (first failure: {first.get('line', '?')}: {first.get('error', '?')})" if first else ""
+            print(
+                f"genalign: error: {key} scored none of {summary['n_samples']} samples{reason}",
+                file=sys.stderr,
+            )
+        return 1
     return 0
 
 
@@ -262,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genalign", description="Align image, SVG and video generators with reward models."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list registered policy families, rewards and trainers")
@@ -318,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    p.add_argument("--dtype", default=None, help="e.g. float16, bfloat16")
+    p.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default: the model's)")
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser(
@@ -433,9 +454,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as error:  # ConfigError is a ValueError
-        print(f"genalign: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("genalign: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # every error is one line; --debug shows the traceback
+        if args.debug:
+            raise
+        print(f"genalign: error: {describe_error(error)}", file=sys.stderr)
         return 2
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a user: the message of an error we raise on purpose (it names the file, key
+    or line), the type as well for anything else, and how to see the traceback."""
+    import yaml
+
+    from genalign.trainers.checkpoint import CorruptCheckpointError, RecipeMismatchError
+    from genalign.trainers.guards import NonFiniteWeightsError
+    from genalign.trainers.run_folder import RunFolderError
+
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    if isinstance(error, OSError) and error.filename and str(error.filename) not in message:
+        message = f"{error.filename}: {message}"
+    expected = (
+        ValueError,  # ConfigError, CorruptCheckpointError, RecipeMismatchError and bad input
+        LookupError,  # unknown registry names
+        OSError,  # missing files, a full disk (ENOSPC)
+        ImportError,  # a plug-in that cannot be imported
+        yaml.YAMLError,
+        RunFolderError,
+        NonFiniteWeightsError,
+        CorruptCheckpointError,
+        RecipeMismatchError,
+    )
+    if isinstance(error, expected):
+        return " ".join(message.split("\n")[:1]) or type(error).__name__
+    first = message.splitlines()[0] if message else ""
+    return f"{type(error).__name__}: {first} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,6 +11,7 @@ Nothing here mutates its inputs: loading builds new dataclass instances.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,29 @@ C = TypeVar("C")
 
 class ConfigError(ValueError):
     """A configuration value, key or combination that cannot be used."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 booleans: only true/false are booleans.
+
+    YAML 1.1 also reads yes/no/on/off as booleans, so ``train.mixed_precision=no`` reached a
+    string option as ``False`` and was rejected (issue 23.6). Here they stay strings; a bool
+    option still accepts them (:func:`_convert`).
+    """
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_WORD_BOOLEANS = {"yes": True, "on": True, "y": True, "no": False, "off": False, "n": False}
+
+
+def safe_load(text: Any) -> Any:
+    """``yaml.safe_load`` with YAML 1.2 booleans (yes/no/on/off stay strings)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
 
 
 def _type_name(tp: Any) -> str:
@@ -83,6 +107,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
         return value
     if tp is bool:
+        if isinstance(value, str) and value.lower() in _WORD_BOOLEANS:
+            return _WORD_BOOLEANS[value.lower()]
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true/false, got {type(value).__name__} {value!r}")
         return value
@@ -137,7 +163,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
-    return key.split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"override {text!r}: the value is not valid YAML ({_yaml_problem(error)})"
+        ) from error
+    return key.split("."), value
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -163,11 +195,22 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    with path.open() as handle:
-        data = yaml.safe_load(handle) or {}
+    try:
+        with path.open(encoding="utf-8") as handle:
+            data = safe_load(handle) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML {_yaml_problem(error)}") from error
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """``at line 3, column 7: mapping values are not allowed here`` from a YAML error."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"at line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 def load_config(schema: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:

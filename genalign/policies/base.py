@@ -323,6 +323,12 @@ class DiffusionPolicy(torch.nn.Module):
     def default_size(self) -> tuple[int, int]:
         raise NotImplementedError
 
+    def size_multiple(self) -> int:
+        """Image height and width must be multiples of this: the VAE's downsampling factor times
+        the denoiser's patch size (a size in between would be silently rounded down)."""
+        patch = getattr(getattr(self.denoiser, "config", None), "patch_size", None) or 1
+        return int(getattr(self.pipeline, "vae_scale_factor", 8)) * int(patch)
+
     # ---- the RL interface ----------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.denoiser.parameters() if p.requires_grad]
@@ -365,6 +371,14 @@ class DiffusionPolicy(torch.nn.Module):
         lcm_final_noise: bool = False,
     ) -> RolloutSettings:
         default_h, default_w = self.default_size()
+        multiple = self.size_multiple()
+        for name, size in (("height", height), ("width", width)):
+            if size is not None and (int(size) <= 0 or int(size) % multiple):
+                lower = max(multiple, int(size) // multiple * multiple)
+                raise ValueError(
+                    f"{name} {size} is not a positive multiple of {multiple} (this model's VAE factor "
+                    f"times its patch size); use {lower} or {lower + multiple}"
+                )
         return RolloutSettings(
             num_inference_steps=num_inference_steps
             if num_inference_steps is not None

@@ -171,6 +171,9 @@ class FluxPolicy(FlowPolicy):
         size = self.pipeline.default_sample_size * self.pipeline.vae_scale_factor
         return size, size
 
+    def size_multiple(self) -> int:
+        return self.pipeline.vae_scale_factor * 2  # latents are packed in 2x2 tokens
+
     @property
     def guidance_embedded(self) -> bool:
         return bool(self.pipeline.transformer.config.guidance_embeds)

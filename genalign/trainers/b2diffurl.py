@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from genalign.policies import Trajectory
+from genalign.trainers.guards import skip_nonfinite_rewards
 from genalign.trainers.strategies import STRATEGIES, RolloutBatch, RolloutStrategy, step_generator
 
 if TYPE_CHECKING:
@@ -296,10 +297,7 @@ class B2DiffuRLStrategy(RolloutStrategy):
             train_steps=window,
             global_group_ids=torch.arange(len(prompts)).repeat_interleave(branches),
         )
-        nan = torch.isnan(global_rewards)
-        if nan.any():
-            batch.skipped = True
-            batch.reason = f"{int(nan.sum())} of {len(global_rewards)} rewards are NaN (samples {nan.nonzero().flatten().tolist()})"
+        if skip_nonfinite_rewards(batch):  # before the reward history sees them
             return batch
 
         # 3. Per-prompt normalisation against the history, selection inside each branch group

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory ``<run_dir>/checkpoints/checkpoint-<step:08d>/``::
 
-    meta.json                       step, recipe name and fingerprint, genalign version, file list, extra
+    meta.json                       step, recipe name and fingerprint, genalign version, file list,
+                                    the sha256 of every file (verified at load), extra
     weights.<group>.safetensors     one file per tensor group ("trainable", "ema", ...)
     <state>.json + <state>.safetensors
                                     optimizer, scheduler, RNG and any other named state: the
@@ -19,10 +20,15 @@ The JSON encoding of a state keeps what JSON alone would lose: tuples (``{"__tup
 dicts with non-string keys such as an optimizer's integer parameter ids
 (``{"__dict__": [[key, value], ...]}``), tensors (``{"__tensor__": "t3"}``) and numpy arrays
 (``{"__ndarray__": "t4"}``), so ``unflatten_state(*flatten_state(x))`` rebuilds ``x`` exactly.
+
+A damaged checkpoint (a file missing, truncated or with flipped bytes, unreadable JSON) raises
+:class:`CorruptCheckpointError` naming the file; :func:`load_latest_intact` skips such
+checkpoints, saying which and why, and loads the newest intact one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,12 +51,14 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Checkpoint",
+    "CorruptCheckpointError",
     "RecipeMismatchError",
     "capture_rng_state",
     "flatten_state",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "load_latest_intact",
     "restore_rng_state",
     "save_checkpoint",
     "unflatten_state",
@@ -68,6 +76,10 @@ _MARKERS = ("__tuple__", "__dict__", "__tensor__", "__ndarray__")
 
 class RecipeMismatchError(ValueError):
     """The checkpoint was written by a run of a different recipe."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, unreadable or fails its checksum."""
 
 
 @dataclass
@@ -338,6 +350,7 @@ def save_checkpoint(
             "tensor_groups": sorted(tensors),
             "states": sorted(named_states),
             "files": files,
+            "sha256": {name: _sha256(temporary / name) for name in files},
             "extra": extra,
         }
         _write_json(meta, temporary / META_FILE)  # written last: the checkpoint is complete
@@ -428,8 +441,31 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 def _require(path: Path, name: str) -> Path:
     file = path / name
     if not file.is_file():
-        raise FileNotFoundError(f"checkpoint {path} is missing {name}")
+        raise CorruptCheckpointError(f"checkpoint {path} is missing {name}")
     return file
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    """Parse a checkpoint's JSON file; a damaged one raises naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptCheckpointError(f"{path} is not valid JSON ({error})") from error
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as error:  # safetensors raises its own SafetensorError on a damaged header
+        raise CorruptCheckpointError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
 
 
 def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None) -> Checkpoint:
@@ -441,13 +477,17 @@ def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None)
             :class:`RecipeMismatchError`.
 
     Raises:
-        FileNotFoundError: ``meta.json`` or a file it lists is missing (the message names it).
+        FileNotFoundError: ``path`` is not a directory.
+        CorruptCheckpointError: ``meta.json`` or a file it lists is missing, unreadable or fails
+            its sha256 (the message names the file).
         RecipeMismatchError: the checkpoint comes from another recipe.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {path}")
-    meta = json.loads(_require(path, META_FILE).read_text(encoding="utf-8"))
+    meta = _read_json(_require(path, META_FILE))
+    if not isinstance(meta, dict):
+        raise CorruptCheckpointError(f"{path / META_FILE} is not a JSON object")
     if meta.get("format") != FORMAT or meta.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(
             f"{path / META_FILE} is not a genalign checkpoint of a supported version "
@@ -460,17 +500,17 @@ def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None)
             f"with fingerprint {recipe.get('fingerprint')!r}, but this run's recipe has fingerprint "
             f"{expected_recipe!r}"
         )
+    checksums = meta.get("sha256", {})  # absent in checkpoints written before checksums
     for name in meta["files"]:
-        _require(path, name)
+        file = _require(path, name)
+        if name in checksums and _sha256(file) != checksums[name]:
+            raise CorruptCheckpointError(f"{file} fails its sha256 checksum (damaged after it was written)")
 
-    tensors = {
-        group: load_file(str(path / f"weights.{group}.safetensors"), device="cpu")
-        for group in meta["tensor_groups"]
-    }
+    tensors = {group: _load_tensors(path / f"weights.{group}.safetensors") for group in meta["tensor_groups"]}
     states = {}
     for name in meta["states"]:
-        structure = json.loads((path / f"{name}.json").read_text(encoding="utf-8"))
-        states[name] = unflatten_state(structure, load_file(str(path / f"{name}.safetensors"), device="cpu"))
+        structure = _read_json(path / f"{name}.json")
+        states[name] = unflatten_state(structure, _load_tensors(path / f"{name}.safetensors"))
     return Checkpoint(
         path=path,
         step=int(meta["step"]),
@@ -482,3 +522,26 @@ def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None)
         extra=meta.get("extra", {}),
         meta=meta,
     )
+
+
+def load_latest_intact(run_dir: str | os.PathLike, expected_recipe: str | None = None) -> Checkpoint | None:
+    """The newest checkpoint of a run that loads intact, or ``None`` when the run has none.
+
+    A damaged checkpoint (:class:`CorruptCheckpointError`) is skipped with a warning that names it
+    and says why; a checkpoint of another recipe is not damage and raises
+    :class:`RecipeMismatchError`. When every checkpoint is damaged, the error lists them all.
+    """
+    skipped = []
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            checkpoint = load_checkpoint(path, expected_recipe=expected_recipe)
+        except CorruptCheckpointError as error:
+            logger.warning("skipping damaged checkpoint %s: %s", path.name, error)
+            skipped.append(f"{path.name}: {error}")
+            continue
+        if skipped:
+            logger.warning("resuming from %s, the newest intact checkpoint", path.name)
+        return checkpoint
+    if skipped:
+        raise CorruptCheckpointError(f"every checkpoint in {run_dir} is damaged: " + "; ".join(skipped))
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -445,13 +446,34 @@ class LoggingConfig:
     run_dir: str = "runs/{name}"
     trackers: list[Literal["wandb", "tensorboard"]] = field(default_factory=list)
     sample_every: int = 0  # write a sample grid every N steps (0: never)
-    checkpoint_every: int = 0  # 0: only at the end
+    # write a checkpoint every N steps (0: only at the end and on SIGTERM / Ctrl-C / a failed step);
+    # 10 by default so a crash the trainer cannot catch (kill -9, power) loses at most 10 steps
+    checkpoint_every: int = 10
     keep_last: int = 2
     resume: str | None = None  # "latest" or a checkpoint folder
+    # a fresh run (no resume) into a folder holding another run's checkpoints or metrics refuses;
+    # overwrite=true deletes that run's outputs first (genalign.trainers.run_folder.RUN_OUTPUTS)
+    overwrite: bool = False
     progress: bool = True
     # log each step's parameter change (param_change, param_change_rel); keeps one copy of the
     # trainable parameters during the update: turn off for a full fine-tune that cannot afford it
     param_change: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ConfigError(
+                f"logging.keep_last must be >= 1 (the checkpoint a resume needs), got {self.keep_last}"
+            )
+        for key in ("checkpoint_every", "sample_every"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"logging.{key} must be >= 0 (0: off), got {getattr(self, key)}")
+        try:
+            self.run_dir.format(name="run")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ConfigError(
+                f"logging.run_dir {self.run_dir!r}: the only placeholder allowed is {{name}} "
+                f"(braces otherwise doubled: {{{{ }}}}); {type(error).__name__}: {error}"
+            ) from error
 
 
 @dataclass
@@ -506,11 +528,18 @@ class RecipeConfig:
                 f"{b2.split_step_end}) exceed sampling.num_inference_steps {steps}"
             )
 
-    def fingerprint(self) -> str:
-        """Identifies the recipe for resuming: model, reward and algorithm, not run-time knobs."""
+    def fingerprint(self, prompts: Sequence[str] | None = None) -> str:
+        """Identifies the recipe for resuming: model, reward and algorithm, not run-time knobs.
+
+        ``prompts``: the loaded prompt pool. With ``prompts.file`` the recipe holds only the file's
+        name, so the pool's contents are hashed in: editing the file changes the fingerprint and a
+        resume with other prompts is refused.
+        """
         data = to_dict(self)
         data.pop("logging")
         data["train"].pop("num_steps")
+        if self.prompts.file and prompts is not None:
+            data["prompts"]["contents"] = hashlib.sha256("\n".join(prompts).encode()).hexdigest()
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -37,6 +37,7 @@ import torch
 from genalign.policies import Trajectory
 from genalign.policies.base import per_sample_generators
 from genalign.policies.precision import quantize_denoiser, swapped_denoiser
+from genalign.trainers.guards import skip_nonfinite_rewards
 from genalign.trainers.strategies import STRATEGIES, GroupRolloutStrategy, RolloutBatch, step_generator
 
 if TYPE_CHECKING:
@@ -279,10 +280,7 @@ class SolRLStrategy(GroupRolloutStrategy):
             metrics=metrics,
             global_group_ids=group_ids,
         )
-        nan = torch.isnan(global_rewards)
-        if nan.any():
-            batch.skipped = True
-            batch.reason = f"{int(nan.sum())} of {len(prompts)} regenerated rewards are NaN"
+        if skip_nonfinite_rewards(batch, "regenerated rewards"):
             return batch
         advantages = self.advantages(global_rewards, prompts, group_ids)
         batch.advantages = advantages[rows].to(trainer.device)

@@ -17,6 +17,7 @@ import torch
 from genalign.algorithms import PerPromptStatTracker, clip_advantages, group_advantages
 from genalign.policies import Trajectory
 from genalign.registry import Registry
+from genalign.trainers.guards import skip_nonfinite_rewards
 
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
@@ -137,10 +138,7 @@ class GroupRolloutStrategy(RolloutStrategy):
             details={k: v for k, v in out.details.items() if isinstance(v, (int, float))},
             global_group_ids=group_ids,
         )
-        nan = torch.isnan(global_rewards)
-        if nan.any():
-            batch.skipped = True
-            batch.reason = f"{int(nan.sum())} of {len(prompts)} rewards are NaN (samples {nan.nonzero().flatten().tolist()})"
+        if skip_nonfinite_rewards(batch):  # before the tracker or the advantages see them
             return batch
         advantages = self.advantages(global_rewards, prompts, group_ids)
         batch.advantages = advantages[rows].to(trainer.device)

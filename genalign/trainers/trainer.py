@@ -7,12 +7,14 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
 1. the strategy draws the step's global batch, rolls out this process's share in the training
    precision context (:meth:`Trainer.precision`) and scores it;
-2. a NaN reward skips the step (logged, nothing applied);
+2. a non-finite reward (NaN, +-inf) skips the step (logged and counted, nothing applied;
+   :mod:`genalign.trainers.guards`);
 3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
    ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
    (a random subset, or the first ones: ``timestep_order``); every minibatch
    (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
-   ``gradient_accumulation_steps`` minibatches the optimiser steps;
+   ``gradient_accumulation_steps`` minibatches the optimiser steps (not when the gradient is
+   not finite: the step's ``nonfinite_grad_steps`` counts those);
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -35,19 +37,17 @@ import torch
 from genalign.algorithms import group_reward_statistics, select_timesteps_per_sample
 from genalign.policies import DiffusionPolicy
 from genalign.rewards import Reward
-from genalign.trainers.checkpoint import (
-    capture_rng_state,
-    latest_checkpoint,
-    load_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-)
+from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.diagnostics import parameter_change, snapshot
 from genalign.trainers.ema import ParameterEMA
+from genalign.trainers.guards import count_nonfinite, gradients_are_finite, skip_nonfinite_rewards
+from genalign.trainers.interrupts import GracefulStop, StepSnapshot
 from genalign.trainers.losses import PolicyLoss
 from genalign.trainers.minibatches import epoch_minibatches
+from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
+from genalign.trainers.trainer_state import resume_trainer, save_trainer
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class Trainer:
         self.prompts = list(prompts)
         if not self.prompts:
             raise ValueError("the prompt pool is empty")
+        self.fingerprint = config.fingerprint(self.prompts)  # identifies the recipe for resume
         train = config.train
         self.run_dir = Path(config.logging.run_dir.format(name=config.name))
         self.accelerator = accelerator or make_accelerator(config)
@@ -129,6 +130,8 @@ class Trainer:
         self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
         self.step = 0
         self.optimizer_steps = 0
+        self.saved_step: int | None = None  # the step of the checkpoint this trainer last wrote
+        self.interrupted: int | None = None  # the signal that stopped train() early, if one did
         # called as ``callback(trainer, step, metrics)`` after each step, before it is logged;
         # a callback may add entries to ``metrics`` (e.g. a periodic held-out evaluation)
         self.callbacks: list[Any] = []
@@ -210,6 +213,8 @@ class Trainer:
         metrics["time_rollout"] = rollout_seconds
         metrics.update(self._monitor_metrics(batch))
         metrics.update(getattr(batch, "metrics", {}))  # a strategy's own report (Sol-RL fidelity, timings)
+        if not batch.skipped:  # a strategy that does not check its rewards itself
+            skip_nonfinite_rewards(batch)
         if batch.skipped:
             logger.warning("step %d skipped: %s", step, batch.reason)
             metrics.update(skipped=True, skip_reason=batch.reason)
@@ -240,6 +245,7 @@ class Trainer:
         # a copy of the trainable weights for the step's param_change (off: logging.param_change)
         before = snapshot(self.parameters) if self.config.logging.param_change else None
         self._grad_norms = []
+        self._nonfinite_grad_steps = 0
         global_size = batch.global_batch_size
         local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
         kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
@@ -290,6 +296,7 @@ class Trainer:
             metrics.update(end_step(self, step) or {})
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if before is not None:
@@ -312,6 +319,11 @@ class Trainer:
             self.parameters, train.max_grad_norm if train.max_grad_norm > 0 else math.inf
         )
         self._grad_norms.append(float(norm))
+        if not gradients_are_finite(norm):  # a NaN / infinite loss: applying it would poison the weights
+            logger.warning("optimizer step skipped: the gradient norm is %s", float(norm))
+            self.optimizer.zero_grad(set_to_none=True)
+            self._nonfinite_grad_steps = getattr(self, "_nonfinite_grad_steps", 0) + 1
+            return
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -343,102 +355,22 @@ class Trainer:
             "reward_std": std,
             "reward_stderr": std / math.sqrt(n),
             "samples": int(rewards.numel()),
+            "nonfinite_rewards": count_nonfinite(rewards),
         }
         for key, value in batch.details.items():
             metrics[f"reward_{key}"] = value
         return metrics
 
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _trainable_state(self) -> dict[str, torch.Tensor]:
-        """Full CPU copies of the trainable weights (a collective under FSDP)."""
-        from genalign.trainers.distributed import full_state
-
-        return full_state(self.policy.named_trainable_parameters())
-
-    def _optimizer_state(self) -> dict[str, Any]:
-        if self.sharded:
-            from genalign.trainers.distributed import full_optimizer_state
-
-            return full_optimizer_state(self.policy.denoiser, self.optimizer)
-        return self.optimizer.state_dict()
-
-    def _ema_state(self) -> dict[str, Any]:
-        from genalign.trainers.distributed import full_tensor
-
-        state = self.ema.state_dict()
-        state["shadow_params"] = [full_tensor(t).cpu() for t in state["shadow_params"]]
-        return state
-
-    def save(self) -> Path | None:
-        """Write an atomic checkpoint of everything needed to resume (main process only)."""
-        path = None
-        # gathered on every process (collectives under FSDP), written by the main one
-        tensors = {"trainable": self._trainable_state()}
-        loss_state = self.loss.state_dict() if hasattr(self.loss, "state_dict") else {}
-        if loss_state:
-            tensors["loss"] = loss_state  # e.g. DiffusionNFT's old policy
-        optimizer_state = self._optimizer_state()
-        ema_state = self._ema_state() if self.ema is not None else None
-        if self.is_main_process:
-            states = {"strategy": self.strategy.state_dict()}
-            if ema_state is not None:
-                states["ema"] = ema_state
-            path = save_checkpoint(
-                self.run_dir,
-                self.step,
-                tensors=tensors,
-                optimizer_state=optimizer_state,
-                scheduler_state=self.lr_scheduler.state_dict(),
-                rng_state=capture_rng_state(),
-                states=states,
-                extra={"optimizer_steps": self.optimizer_steps},
-                keep_last=self.config.logging.keep_last,
-                recipe_name=self.config.name,
-                recipe_fingerprint=self.config.fingerprint(),
-            )
-            logger.info("saved checkpoint %s", path)
-        self.accelerator.wait_for_everyone()
-        return path
+    # ---- checkpoints (genalign.trainers.trainer_state) ------------------------------------------
+    def save(self, rng_state: Any | None = None) -> Path | None:
+        """Write an atomic checkpoint of everything needed to resume (main process only); never
+        from non-finite weights. ``rng_state``: the RNG state to store (default: the current one)."""
+        return save_trainer(self, rng_state)
 
     def resume(self, where: str) -> None:
-        """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
-        path = latest_checkpoint(self.run_dir) if where == "latest" else Path(where)
-        if path is None:
-            logger.info("no checkpoint in %s: starting from scratch", self.run_dir)
-            return
-        checkpoint = load_checkpoint(path, expected_recipe=self.config.fingerprint())
-        named = self.policy.named_trainable_parameters()
-        saved = checkpoint.tensors["trainable"]
-        missing = sorted(set(named) - set(saved))
-        if missing:
-            raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:5]}")
-        from genalign.trainers.distributed import load_full_into, load_full_optimizer_state
-
-        load_full_into(named, saved)
-        if self.sharded:
-            load_full_optimizer_state(self.policy.denoiser, self.optimizer, checkpoint.optimizer_state)
-        else:
-            self.optimizer.load_state_dict(checkpoint.optimizer_state)
-        self.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
-        self.strategy.load_state_dict(checkpoint.states.get("strategy", {}))
-        if hasattr(self.loss, "load_state_dict") and "loss" in checkpoint.tensors:
-            self.loss.load_state_dict(checkpoint.tensors["loss"])
-        if self.ema is not None and "ema" in checkpoint.states:
-            ema_state = dict(checkpoint.states["ema"])
-            if self.sharded:
-                from genalign.trainers.distributed import shard_like
-
-                ema_state["shadow_params"] = [
-                    shard_like(saved, current)
-                    for saved, current in zip(ema_state["shadow_params"], self.ema.shadow_params)
-                ]
-            self.ema.load_state_dict(ema_state)
-        if checkpoint.rng_state is not None:
-            restore_rng_state(checkpoint.rng_state)
-        self.step = checkpoint.step
-        self.optimizer_steps = int(checkpoint.extra.get("optimizer_steps", 0))
-        self._truncate_metrics(self.step)
-        logger.info("resumed from %s at step %d", path, self.step)
+        """Continue from ``"latest"`` (the newest intact checkpoint in the run folder) or a
+        checkpoint folder; ``"latest"`` without a checkpoint starts a fresh, clean run."""
+        resume_trainer(self, where)
 
     # ---- logging -------------------------------------------------------------------------------
     @property
@@ -449,13 +381,8 @@ class Trainer:
         """Drop metric lines of steps after ``step`` (logged before a crash, redone after resume)."""
         if not self.is_main_process or not self.metrics_path.exists():
             return
-        kept = [
-            line
-            for line in self.metrics_path.read_text().splitlines()
-            if line and json.loads(line)["step"] < step
-        ]
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
-        self.history = [json.loads(line) for line in kept]
+        self.history = [row for row in read_metrics(self.metrics_path) if row["step"] < step]
+        rewrite_metrics(self.metrics_path, self.history)
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
@@ -478,36 +405,47 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run from the current step to ``train.num_steps``; return the metrics of every step."""
+        """Run from the current step to ``train.num_steps``; return the metrics of every step.
+
+        The run folder is locked for the run (:mod:`genalign.trainers.run_folder`): a second live
+        run into it fails, and a fresh run into a folder holding another run refuses unless
+        ``logging.overwrite`` is set.
+        """
+        with owned_run_folder(self.run_dir, self.is_main_process):
+            return self._train()
+
+    def _train(self) -> list[dict[str, Any]]:
         from genalign.utils.progress import progress_bar
 
         config = self.config
         if config.logging.resume:
             self.resume(config.logging.resume)
-        else:  # a fresh run in a used folder: metric lines of the earlier run would mix with ours
+        else:
+            if self.is_main_process:
+                check_fresh_run(self.run_dir, config.logging.overwrite)
             self._truncate_metrics(self.step)
         if self.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "recipe.json").write_text(json.dumps(_plain(config), indent=2))
         if config.logging.trackers:
-            self.accelerator.init_trackers(config.name, config={"fingerprint": config.fingerprint()})
+            self.accelerator.init_trackers(config.name, config={"fingerprint": self.fingerprint})
         bar = progress_bar(
             range(self.step, config.train.num_steps),
             desc="train",
             disable=not (config.logging.progress and self.is_main_process),
         )
-        for step in bar:
-            metrics = self.train_step(step)
-            self.step = step + 1
-            for callback in self.callbacks:
-                callback(self, step, metrics)
-            self.log(metrics)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
-            every = config.logging.sample_every
-            if every and step % every == 0 and self.is_main_process:
-                self.save_samples(self._last_images, step)
-            if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+        with GracefulStop() as stop:
+            for step in bar:
+                self._run_step(step, bar)
+                if stop.requested is not None:
+                    break
+        if stop.requested is not None and self.step < config.train.num_steps:
+            # SIGTERM / Ctrl-C: keep the finished steps, skip the export
+            self.interrupted = stop.requested
+            if self.saved_step != self.step:
                 self.save()
+            logger.warning("interrupted: stopped after step %d and saved it", self.step - 1)
+            return self.history
         if not latest_checkpoint(self.run_dir) or self._latest_step() != self.step:
             self.save()
         self.export_weights()  # gathers on every process under FSDP; the main one writes
@@ -516,6 +454,26 @@ class Trainer:
         if config.logging.trackers:
             self.accelerator.end_training()
         return self.history
+
+    def _run_step(self, step: int, bar: Any) -> None:
+        """One step of the loop: train, callbacks, log, samples, periodic checkpoint."""
+        config = self.config
+        snapshot = StepSnapshot(self)
+        try:
+            metrics = self.train_step(step)
+        except Exception as error:  # a reward or loss exception: keep the last good step
+            snapshot.save_after_failure(self, error)
+            raise
+        self.step = step + 1
+        for callback in self.callbacks:
+            callback(self, step, metrics)
+        self.log(metrics)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
+        every = config.logging.sample_every
+        if every and step % every == 0 and self.is_main_process:
+            self.save_samples(self._last_images, step)
+        if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
+            self.save()
 
     def _latest_step(self) -> int:
         path = latest_checkpoint(self.run_dir)
@@ -590,8 +548,10 @@ def build_trainer(
     from genalign.policies import LoraSpec, load_policy
     from genalign.rewards import load_reward
     from genalign.trainers.losses import LOSSES
+    from genalign.trainers.preflight import check_recipe_names
     from genalign.trainers.strategies import STRATEGIES
 
+    check_recipe_names(config)  # every registry name, before any model loads
     model = config.model
     lora = LoraSpec(**_plain(model.lora)) if model.lora is not None else None
     # the accelerator first: under a multi-process launch it picks this process's device

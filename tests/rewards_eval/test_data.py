@@ -155,7 +155,7 @@ def test_labels_outside_the_allowed_values(image_dir):
         {"prompt": "a", "image_0": "img0.png", "image_1": "img1.png", "label": 2},
         {"prompt": "a", "image_0": "img0.png", "image_1": "img1.png", "label": "left"},
     ]
-    with pytest.raises(ValueError, match=r"2 preference label\(s\) outside .*row 1: 2.*row 2: 'left'"):
+    with pytest.raises(ValueError, match=r"2 preference label\(s\) outside .*line 2: 2.*line 3: .left."):
         load_eval_dataset(write_jsonl(image_dir / "bad.jsonl", rows), "preference")
 
 

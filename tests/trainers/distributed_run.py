@@ -15,6 +15,7 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 
 from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.trainer_state import trainable_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,11 +40,11 @@ def main(out: str, overrides: list[str]) -> None:
     )
     trainer = build_trainer(config, accelerator=accelerator)
     Path(out).mkdir(parents=True, exist_ok=True)
-    state = trainer._trainable_state()  # full tensors, gathered from the shards under FSDP
+    state = trainable_state(trainer)  # full tensors, gathered from the shards under FSDP
     if accelerator.is_main_process:
         save_file(state, f"{out}/initial.safetensors")
     trainer.train()
-    state = trainer._trainable_state()
+    state = trainable_state(trainer)
     save_file(state, f"{out}/params-rank{accelerator.process_index}.safetensors")
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, safe_open
 
 from genalign.trainers import checkpoint as checkpoint_module
 from genalign.trainers.checkpoint import (
+    CorruptCheckpointError,
     RecipeMismatchError,
     capture_rng_state,
     flatten_state,
@@ -225,10 +226,10 @@ def test_recipe_mismatch_and_missing_files(tmp_path):
     assert load_checkpoint(path, expected_recipe="aaa").optimizer_state == {"step": torch.tensor(1.0)}
 
     (path / "optimizer.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing optimizer\.safetensors"):
+    with pytest.raises(CorruptCheckpointError, match=r"missing optimizer\.safetensors"):
         load_checkpoint(path)
     (path / "meta.json").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing meta\.json"):
+    with pytest.raises(CorruptCheckpointError, match=r"missing meta\.json"):
         load_checkpoint(path)
     with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
         load_checkpoint(tmp_path / "nowhere")

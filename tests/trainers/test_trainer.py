@@ -128,7 +128,8 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
 
 def test_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
     make_trainer(tmp_path, "train.num_steps=3").train()
-    again = make_trainer(tmp_path, "train.num_steps=2")
+    # without logging.overwrite the fresh run refuses (tests/reliability/test_run_folder.py)
+    again = make_trainer(tmp_path, "train.num_steps=2", "logging.overwrite=true")
     again.train()
     steps = [row["step"] for row in _metrics_without_times(again.metrics_path)]
     assert steps == [0, 1]

@@ -88,13 +88,16 @@ class EvalSample:
     """One evaluation unit: a pair, a ranked group or a rated image.
 
     Attributes:
-        id: stable id of what the reward sees (hash of prompt and image references), for caching.
+        id: the data's id, else a hash of the prompt and image references; joins scores to rows
+            (the score cache keys on :func:`content_key`, the images' bytes).
         row: index of the (first) source row.
         prompt: the text prompt ("" when the task has none).
         images: raw image references (paths, bytes, dicts, base64, PIL), 2 for a pair.
         target: label (preference), list of ranks (ranking) or MOS (mos).
         category: optional category for per-category breakdowns.
         split: optional split name.
+        line: where the (first) source row is, for messages: ``"line 7"`` (JSONL, CSV) or
+            ``"row 7"`` (1-based, other formats).
     """
 
     id: str
@@ -104,6 +107,8 @@ class EvalSample:
     target: Any
     category: str | None = None
     split: str | None = None
+    line: str = ""
+    id_given: bool = False  # the id came from the data's id column (not a content hash)
 
 
 @dataclass
@@ -129,30 +134,62 @@ class EvalDataset:
 
 def load_table(path: str | os.PathLike, split: str | None = None) -> list[dict[str, Any]]:
     """Rows of a JSONL / JSON / CSV / TSV / Parquet file or a ``datasets`` folder, as dicts."""
+    return load_table_with_lines(path, split)[0]
+
+
+def load_table_with_lines(
+    path: str | os.PathLike, split: str | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`load_table` plus where each row is (``"line 7"`` for JSONL and CSV, else ``"row 7"``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data not found: {path}")
+    suffix = path.suffix.lower()
+    if path.is_file() and suffix in (".jsonl", ".ndjson"):
+        return _load_jsonl(path)
+    if path.is_file() and suffix in (".csv", ".tsv"):
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+            rows, lines = [], []
+            for row in reader:
+                rows.append(row)
+                lines.append(f"line {reader.line_num}")
+            return rows, lines
+    rows = _load_other(path, split, suffix)
+    return rows, [f"row {index + 1}" for index in range(len(rows))]
+
+
+def _load_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    rows, lines = [], []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({error})") from error
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {number}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+            lines.append(f"line {number}")
+    return rows, lines
+
+
+def _load_other(path: Path, split: str | None, suffix: str) -> list[dict[str, Any]]:
     if path.is_dir():
         return _load_hf_folder(path, split)
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        rows = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as error:
-                        raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
-        return rows
     if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from error
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+        bad = [index + 1 for index, row in enumerate(data) if not isinstance(row, dict)]
+        if bad:
+            raise ValueError(f"{path}: rows {bad[:10]} are not JSON objects")
         return data
-    if suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -243,28 +280,28 @@ def parse_columns(items: Sequence[str] | str | None) -> dict[str, str]:
     return mapping
 
 
-def _as_list(value: Any, name: str, row: int) -> list[Any]:
+def _as_list(value: Any, name: str, where: str) -> list[Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
             raise ValueError(
-                f"row {row}: column {name!r} must be a list (JSON in CSV), got {value[:60]!r}"
+                f"{where}: column {name!r} must be a list (JSON in CSV), got {value[:60]!r}"
             ) from error
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
-        raise ValueError(f"row {row}: column {name!r} must be a list, got {type(value).__name__}")
+        raise ValueError(f"{where}: column {name!r} must be a list, got {type(value).__name__}")
     return value
 
 
-def _as_float(value: Any, name: str, row: int) -> float:
+def _as_float(value: Any, name: str, where: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"row {row}: column {name!r} must be a number, got {value!r}") from error
+        raise ValueError(f"{where}: column {name!r} must be a number, got {value!r}") from error
     if not math.isfinite(number):
-        raise ValueError(f"row {row}: column {name!r} must be finite, got {value!r}")
+        raise ValueError(f"{where}: column {name!r} must be finite, got {value!r}")
     return number
 
 
@@ -290,6 +327,26 @@ def image_fingerprint(value: Any) -> str:
     return str(value)
 
 
+def image_content_hash(value: Any, base_dir: Path) -> str:
+    """A hash of an image's bytes: a path is read, so a replaced file gets a new hash."""
+    if isinstance(value, dict) and value.get("bytes") is None and value.get("path"):
+        value = value["path"]
+    if isinstance(value, str) and not value.startswith("data:") and len(value) <= 4096:
+        path = Path(value) if Path(value).is_absolute() else base_dir / value
+        try:
+            if path.is_file():
+                return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:  # a name the OS rejects (too long): not a file
+            pass
+    return image_fingerprint(value)
+
+
+def content_key(sample: EvalSample, base_dir: Path) -> str:
+    """The score cache's key: a hash of the prompt and the images' bytes (not their paths)."""
+    payload = json.dumps([sample.prompt, [image_content_hash(image, base_dir) for image in sample.images]])
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
 def sample_id(prompt: str, images: Sequence[Any]) -> str:
     """Hash of what a reward sees: equal inputs share cached scores."""
     payload = json.dumps([prompt, [image_fingerprint(image) for image in images]])
@@ -297,38 +354,51 @@ def sample_id(prompt: str, images: Sequence[Any]) -> str:
 
 
 def rows_to_samples(
-    rows: Sequence[Mapping[str, Any]], task: str, mapping: Mapping[str, str], source: str = "data"
+    rows: Sequence[Mapping[str, Any]],
+    task: str,
+    mapping: Mapping[str, str],
+    source: str = "data",
+    lines: Sequence[str] | None = None,
 ) -> list[EvalSample]:
-    """Turn mapped rows into :class:`EvalSample` s, validating targets."""
+    """Turn mapped rows into :class:`EvalSample` s, validating targets.
+
+    ``lines`` names each row in messages (``"line 7"``; default ``"row <1-based index>"``). Ids
+    given in the ``id`` column must be unique: rows sharing one would share one cached score
+    (:func:`check_unique_ids`).
+    """
+    lines = list(lines) if lines is not None else [f"row {index + 1}" for index in range(len(rows))]
     check_columns(rows, task, mapping, source)
     if task == "ranking" and any(mapping["group"] in row for row in rows[:100]):
-        return _long_ranking_samples(rows, mapping)
+        samples = _long_ranking_samples(rows, mapping, lines)
+        check_unique_ids(samples, source)
+        return samples
     samples = []
     bad_labels = []
     for index, row in enumerate(rows):
+        where = lines[index]
         prompt = "" if row.get(mapping["prompt"]) is None else str(row.get(mapping["prompt"]))
         if task == "preference":
             images = [row[mapping["image_0"]], row[mapping["image_1"]]]
             try:
-                target = _as_float(row[mapping["label"]], mapping["label"], index)
+                target = _as_float(row[mapping["label"]], mapping["label"], where)
             except ValueError:
                 target = None
             if target not in PREFERENCE_LABELS:
-                bad_labels.append((index, row[mapping["label"]]))
+                bad_labels.append((where, row[mapping["label"]]))
                 continue
         elif task == "ranking":
-            images = _as_list(row[mapping["images"]], mapping["images"], index)
+            images = _as_list(row[mapping["images"]], mapping["images"], where)
             target = [
-                _as_float(r, mapping["ranks"], index)
-                for r in _as_list(row[mapping["ranks"]], mapping["ranks"], index)
+                _as_float(r, mapping["ranks"], where)
+                for r in _as_list(row[mapping["ranks"]], mapping["ranks"], where)
             ]
             if len(images) != len(target):
-                raise ValueError(f"row {index}: {len(images)} images but {len(target)} ranks")
+                raise ValueError(f"{source}, {where}: {len(images)} images but {len(target)} ranks")
             if len(images) < 2:
-                raise ValueError(f"row {index}: a ranking needs at least 2 images, got {len(images)}")
+                raise ValueError(f"{source}, {where}: a ranking needs at least 2 images, got {len(images)}")
         else:
             images = [row[mapping["image"]]]
-            target = _as_float(row[mapping["mos"]], mapping["mos"], index)
+            target = _as_float(row[mapping["mos"]], mapping["mos"], where)
         given_id = _optional(row, mapping, "id")
         samples.append(
             EvalSample(
@@ -339,18 +409,44 @@ def rows_to_samples(
                 target=target,
                 category=_optional(row, mapping, "category"),
                 split=_optional(row, mapping, "split"),
+                line=where,
+                id_given=given_id is not None,
             )
         )
     if bad_labels:
-        shown = ", ".join(f"row {i}: {v!r}" for i, v in bad_labels[:10])
+        shown = ", ".join(f"{i}: {v!r}" for i, v in bad_labels[:10])
         raise ValueError(
             f"{source}: {len(bad_labels)} preference label(s) outside {{0, 1, 0.5}} in column "
             f"{mapping['label']!r} ({shown})"
         )
+    check_unique_ids(samples, source)
     return samples
 
 
-def _long_ranking_samples(rows: Sequence[Mapping[str, Any]], mapping: Mapping[str, str]) -> list[EvalSample]:
+def check_unique_ids(samples: Sequence[EvalSample], source: str) -> None:
+    """Raise naming the rows when ids from the data's ``id`` column repeat.
+
+    Scores are cached and joined by id, so rows sharing an id would silently share one score
+    (issue 23.5: an SRCC of -0.884 became -0.447, reported as fully scored). Ids computed from
+    the content (no ``id`` column) repeat only for identical inputs, whose scores are equal.
+    """
+    where: dict[str, list[str]] = {}
+    for sample in samples:
+        where.setdefault(sample.id, []).append(sample.line or f"row {sample.row + 1}")
+    repeated = {key: places for key, places in where.items() if len(places) > 1}
+    given = {sample.id for sample in samples if sample.id_given}
+    repeated = {key: places for key, places in repeated.items() if key in given}
+    if repeated:
+        shown = "; ".join(f"id {key!r} at {', '.join(places)}" for key, places in list(repeated.items())[:10])
+        raise ValueError(
+            f"{source}: {len(repeated)} id(s) used by more than one row ({shown}); every row needs its own "
+            "id (fix the id column, or drop it to use content hashes)"
+        )
+
+
+def _long_ranking_samples(
+    rows: Sequence[Mapping[str, Any]], mapping: Mapping[str, str], lines: Sequence[str]
+) -> list[EvalSample]:
     groups: dict[str, list[int]] = {}
     for index, row in enumerate(rows):
         groups.setdefault(str(row[mapping["group"]]), []).append(index)
@@ -359,7 +455,7 @@ def _long_ranking_samples(rows: Sequence[Mapping[str, Any]], mapping: Mapping[st
         first = rows[indices[0]]
         prompt = str(first.get(mapping["prompt"]) or "")
         images = [rows[i][mapping["images"]] for i in indices]
-        ranks = [_as_float(rows[i][mapping["ranks"]], mapping["ranks"], i) for i in indices]
+        ranks = [_as_float(rows[i][mapping["ranks"]], mapping["ranks"], lines[i]) for i in indices]
         if len(images) < 2:
             raise ValueError(f"group {key!r}: a ranking needs at least 2 images, got {len(images)}")
         samples.append(
@@ -371,6 +467,8 @@ def _long_ranking_samples(rows: Sequence[Mapping[str, Any]], mapping: Mapping[st
                 target=ranks,
                 category=_optional(first, mapping, "category"),
                 split=_optional(first, mapping, "split"),
+                line=lines[indices[0]],
+                id_given=_optional(first, mapping, "id") is not None,
             )
         )
     return samples
@@ -396,8 +494,8 @@ def load_eval_dataset(
     """
     path = Path(path)
     mapping = resolve_columns(task, columns, preset)
-    rows = load_table(path, split)
-    samples = rows_to_samples(rows, task, mapping, source=str(path))
+    rows, lines = load_table_with_lines(path, split)
+    samples = rows_to_samples(rows, task, mapping, source=str(path), lines=lines)
     base_dir = Path(image_root) if image_root is not None else (path if path.is_dir() else path.parent)
     logger.info("loaded %d %s samples from %s", len(samples), task, path)
     return EvalDataset(task=task, samples=samples, base_dir=base_dir, source=str(path), columns=mapping)

@@ -144,7 +144,8 @@ def _failure_section(summary: Mapping[str, Any]) -> list[str]:
         if entry["n_failed"]:
             lines += ["", f"### `{key}`: {entry['n_failed']} of {entry['n_total']} samples not scored", ""]
             for failure in entry["failures"][:MAX_FAILURES_SHOWN]:
-                lines.append(f"- row {failure['row']} (`{failure['id']}`): {failure['error']}")
+                where = failure.get("line") or f"row {failure['row'] + 1}"
+                lines.append(f"- {where} (`{failure['id']}`): {failure['error']}")
             if entry["n_failed"] > MAX_FAILURES_SHOWN:
                 lines.append(f"- ... {entry['n_failed'] - MAX_FAILURES_SHOWN} more in summary.json")
     if lines:

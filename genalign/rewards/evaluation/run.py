@@ -2,7 +2,9 @@
 
 Scores are cached per reward configuration in ``<out>/cache/<reward-key>.jsonl``, one line per
 sample (``{"id", "scores"}``), appended as each batch finishes; the reward key is the reward name
-plus a hash of its keyword arguments, and a sample's id hashes its prompt and image references.
+plus a hash of its keyword arguments, and a sample's cache id hashes its prompt and the bytes of
+its images (:func:`~genalign.rewards.evaluation.data.content_key`), so a replaced image file is
+scored again.
 An interrupted run therefore resumes without rescoring. Failures (unreadable images, a reward that
 raises or returns NaN) are recorded per sample, reported, and never cached, so they are retried.
 
@@ -28,7 +30,13 @@ import numpy as np
 import torch
 
 from genalign.rewards.evaluation import metrics
-from genalign.rewards.evaluation.data import VALIDATION_SPLITS, EvalDataset, EvalSample, load_image_tensor
+from genalign.rewards.evaluation.data import (
+    VALIDATION_SPLITS,
+    EvalDataset,
+    EvalSample,
+    content_key,
+    load_image_tensor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +231,11 @@ def score_dataset(
     from genalign.utils.progress import progress_bar
 
     cache = ScoreCache(cache_path)
-    results = {s.id: SampleResult(cache.entries[s.id]) for s in dataset.samples if s.id in cache.entries}
+    # cached by content: a replaced image file is rescored, a moved one is not
+    keys = {s.id: content_key(s, dataset.base_dir) for s in dataset.samples}
+    results = {
+        s.id: SampleResult(cache.entries[keys[s.id]]) for s in dataset.samples if keys[s.id] in cache.entries
+    }
     todo: dict[str, EvalSample] = {}
     for sample in dataset.samples:
         if sample.id not in results:
@@ -241,7 +253,7 @@ def score_dataset(
     started = time.perf_counter()
     for chunk in _chunks(list(todo.values()), config.batch_size):
         chunk_results = score_chunk(reward, chunk, dataset, config.image_size)
-        cache.add({key: r.scores for key, r in chunk_results.items() if r.scores is not None})
+        cache.add({keys[key]: r.scores for key, r in chunk_results.items() if r.scores is not None})
         results.update(chunk_results)
         bar.update(sum(len(s.images) for s in chunk))
     bar.close()
@@ -371,7 +383,12 @@ def compute_metrics(
         s for s in dataset.samples if results.get(s.id, SampleResult(error="not scored")).scores is not None
     ]
     failures = [
-        {"id": s.id, "row": s.row, "error": results.get(s.id, SampleResult(error="not scored")).error}
+        {
+            "id": s.id,
+            "row": s.row,
+            "line": s.line,
+            "error": results.get(s.id, SampleResult(error="not scored")).error,
+        }
         for s in dataset.samples
         if results.get(s.id, SampleResult(error="not scored")).scores is None
     ]

@@ -1,0 +1,83 @@
+"""Checks of a recipe's names before any model loads.
+
+A typo in ``train.loss`` ("losss") or ``train.strategy`` used to be reported only after the
+policy had loaded, minutes into a run on a real model; an unknown reward option surfaced as a
+``TypeError`` traceback (issue 23.6). :func:`check_recipe_names` resolves every registry name of
+a recipe (policy family, reward, monitors, strategy, loss), imports ``"module:Class"`` plug-ins
+and checks reward options against the reward's constructor, raising a
+:class:`~genalign.config.ConfigError` that names the key, offers the closest registered name and
+lists the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from genalign.config import ConfigError
+from genalign.registry import Registry, import_object
+
+__all__ = ["check_recipe_names", "resolve_name"]
+
+
+def resolve_name(registry: Registry, name: str, key: str) -> Any:
+    """The entry ``name`` of ``registry``, or a :class:`ConfigError` naming ``key``."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}: expected a {registry.kind} name, got {name!r}")
+    if ":" in name:  # a plug-in named "module.path:Class"
+        try:
+            return import_object(name)
+        except (ImportError, ValueError) as error:
+            raise ConfigError(f"{key}: {error}") from error
+    if name in registry:
+        return registry.get(name)
+    known = registry.names()
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(
+        f"{key}: unknown {registry.kind} {name!r}{hint}; registered {registry.kind}s: {', '.join(known)}"
+    )
+
+
+def check_options(factory: Any, options: dict[str, Any], key: str, what: str) -> None:
+    """Raise naming ``key`` when ``options`` holds a keyword ``factory`` does not take."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    accepted = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = [name for name in options if name not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"{key}: {what} takes no option {', '.join(map(repr, unknown))}; its options: "
+            f"{', '.join(n for n in accepted if n != 'self') or '(none)'}"
+        )
+
+
+def _check_reward_class(entry: Any, key: str, base: type) -> None:
+    """A reward plug-in must be a :class:`~genalign.rewards.Reward` subclass (it is called as one)."""
+    if not (isinstance(entry, type) and issubclass(entry, base)):
+        raise ConfigError(f"{key}: {entry!r} is not a genalign.rewards.Reward subclass")
+
+
+def check_recipe_names(config: Any) -> None:
+    """Resolve every registry name in a :class:`~genalign.trainers.config.RecipeConfig`."""
+    from genalign.policies import POLICIES
+    from genalign.rewards import Reward
+    from genalign.rewards.base import REWARDS
+    from genalign.trainers.losses import LOSSES
+    from genalign.trainers.strategies import STRATEGIES
+
+    resolve_name(POLICIES, config.model.family, "model.family")
+    reward = resolve_name(REWARDS, config.reward.name, "reward.name")
+    _check_reward_class(reward, "reward.name", Reward)
+    check_options(reward, dict(config.reward.kwargs), "reward.kwargs", f"reward {config.reward.name!r}")
+    for name, kwargs in config.reward.monitors.items():
+        monitor = resolve_name(REWARDS, name, f"reward.monitors.{name}")
+        _check_reward_class(monitor, f"reward.monitors.{name}", Reward)
+        check_options(monitor, dict(kwargs or {}), f"reward.monitors.{name}", f"reward {name!r}")
+    resolve_name(STRATEGIES, config.train.strategy, "train.strategy")
+    resolve_name(LOSSES, config.train.loss, "train.loss")
