@@ -393,6 +393,19 @@ def write_report(
         f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
         f"- RL-held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
+    ]
+    if "monitor_shapes_eval" in first:  # what the verifier saw, in the windows the effects compare
+        verifier = [m["monitor_shapes_eval"] for m in steps]
+        rewards = [m["reward_mean"] for m in steps]
+        w = hacking.window
+        lines += [
+            f"What the verifier saw on the training rollouts: {_window_mean(verifier, w, last=False):.1%} "
+            f"(mean of the first {w} steps) → {_window_mean(verifier, w, last=True):.1%} (last {w}); "
+            f"the {'reward' if oracle else 'learned reward'} {_window_mean(rewards, w, last=False):.4f} → "
+            f"{_window_mean(rewards, w, last=True):.4f}.",
+            "",
+        ]
+    lines += [
         f"Verdict: {hacking.verdict}.",
         "",
         "## Samples (RL-held-out prompts, same seeds)",

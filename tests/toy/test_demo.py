@@ -130,8 +130,8 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
         sampling=SimpleNamespace(num_inference_steps=10, guidance_scale=2.0, eta=1.0),
     )
     history = [
-        {"step": i, "reward_mean": r, "reward_std": 0.1, "reward_stderr": 0.02, "monitor_shapes_eval": 0.5}
-        for i, r in enumerate([0.4, 0.5, 0.6])
+        {"step": i, "reward_mean": r, "reward_std": 0.1, "reward_stderr": 0.02, "monitor_shapes_eval": v}
+        for i, (r, v) in enumerate([(0.4, 0.25), (0.5, 0.5), (0.6, 0.75)])
     ]
     evaluations = _fake_evaluations()
     hacking = HackingCheck(2.0, 0.1, 0.5, 1, "reward hacking: test")
@@ -147,6 +147,9 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     assert sections[0].startswith("## RL-held-out") and "headline" in sections[0]
     assert "**Headline: RL-held-out ShapesEval" in text and "Reward hacking check" in text
     assert "Warning: 3 of the recipe's training prompts are rl_heldout prompts" in text
+    # what the verifier saw, over the hacking check's windows (window 1: first and last step)
+    assert "What the verifier saw on the training rollouts: 25.0% (mean of the first 1 steps) → 75.0%" in text
+    assert "the learned reward 0.4000 → 0.6000" in text
     headline = evaluations["rl_heldout"]
     change, low, high = headline.interval()
     assert f"{100 * change:+.1f} points, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}]" in text
