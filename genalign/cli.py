@@ -447,6 +447,9 @@ def _cuda() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from genalign.utils.quiet import silence_startup_noise
+
+    silence_startup_noise()  # before any command imports diffusers / transformers
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
