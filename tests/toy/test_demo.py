@@ -314,7 +314,7 @@ def test_oracle_run_trains_on_the_verifier_and_says_so(tmp_path):
     result = run_demo(
         DEFAULT_RECIPE, overrides, oracle="correct", rl_heldout_images=6, rl_train_images=6, unseen_images=5
     )
-    assert result.run_dir == tmp_path / "toy-demo-grpo-vqascore-oracle-correct"
+    assert result.run_dir == tmp_path / "toy-demo-nft-vqascore-oracle-correct"
     history = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(history) == 2
     for metrics in history:
