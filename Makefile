@@ -32,7 +32,7 @@ format: install
 	$(PY) -m ruff format genalign tests benchmarks
 	$(PY) -m ruff check --fix genalign tests benchmarks
 
-# the toy-world demo: held-out ShapesEval before/after GRPO on a learned reward, report in runs/
+# the toy-world demo: RL-held-out ShapesEval before/after DiffusionNFT on a learned reward, report in runs/
 demo: install
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/genalign demo configs/toy/demo.yaml
 
