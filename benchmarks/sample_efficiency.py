@@ -471,14 +471,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--set", nargs="*", default=[], help="dotted overrides of every recipe, e.g. train.learning_rate=1e-4"
     )
     parser.add_argument("--out", default="runs/sample_efficiency")
+    parser.add_argument(
+        "--from-csv",
+        nargs="+",
+        help="train nothing: merge these results.csv files (e.g. one per seed) into --out's summary and plot",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     return parser.parse_args(argv)
+
+
+def read_rows(paths: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``results.csv`` files (e.g. one per seed, run as separate processes), numbers parsed."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        with Path(path).open(newline="") as handle:
+            for raw in csv.DictReader(handle):
+                row: dict[str, Any] = {}
+                for key, value in raw.items():
+                    if value in (None, ""):
+                        continue  # a column only some rows have (the run's last row)
+                    try:
+                        row[key] = int(value) if key in ("seed", "step", "images") else float(value)
+                    except ValueError:
+                        row[key] = value
+                rows.append(row)
+    return rows
+
+
+def write_report(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace, eval_images: int) -> str:
+    """Write ``summary.md`` and ``sample_efficiency.png`` for ``rows``; return the tables."""
+    budgets = sorted({row["images"] for row in rows if row["images"] > 0})
+    table = summarise(rows, budgets)
+    seeds = sorted({row["seed"] for row in rows})
+    (out / "summary.md").write_text(
+        f"{args.eval_split} ShapesEval (overall, %) vs generated images, mean over seeds ± 95% "
+        f"t-interval; model {args.model}; reward {rows[0]['reward']}; {eval_images} {args.eval_split} "
+        f"images; seeds {seeds}; training prompts: RL-train, balanced over categories.\n\n{table}"
+    )
+    plot(rows, out / "sample_efficiency.png", args.eval_split)
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every method for every seed, then write the CSV, the summary and the plot."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.from_csv:  # report only: merge earlier runs' results.csv
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = read_rows(args.from_csv)
+        write_csv(rows, out / "results.csv")
+        from genalign.toy.evaluation import eval_set
+
+        eval_images = len(eval_set(args.eval_split, images_per_category=args.eval_images_per_category))
+        print(write_report(rows, out, args, eval_images))
+        return 0
     torch.set_num_threads(args.threads)
     if not args.model.startswith("tiny:") and not Path(args.model).exists() and args.model == str(TOY_SD):
         print(f"error: {TOY_SD} does not exist yet; train it or pass --model (e.g. tiny:sd)", file=sys.stderr)
@@ -496,16 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             rows += run_method(args, spec, seed, items)
             write_csv(rows, out / "results.csv")  # after every run: a long benchmark keeps its rows
-    budgets = sorted({row["images"] for row in rows if row["images"] > 0})
-    table = summarise(rows, budgets)
-    reward = rows[0]["reward"]
-    (out / "summary.md").write_text(
-        f"{args.eval_split} ShapesEval (overall, %) vs generated images, mean over seeds ± 95% "
-        f"t-interval; model {args.model}; reward {reward}; {len(items)} {args.eval_split} images; "
-        f"seeds {args.seeds}; training prompts: RL-train, balanced over categories.\n\n{table}"
-    )
-    plot(rows, out / "sample_efficiency.png", args.eval_split)
-    print(table)
+    print(write_report(rows, out, args, len(items)))
     print(f"wrote {out / 'results.csv'}, {out / 'summary.md'}, {out / 'sample_efficiency.png'}")
     return 0
 

@@ -92,6 +92,15 @@ def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path):
     assert (out / "sample_efficiency.png").stat().st_size > 0
     summary = (out / "summary.md").read_text()
     assert "| 30 |" in summary and "| nft | 1 |" in summary
+    # report only, from the CSV (as when seeds ran in separate processes): the same tables
+    merged = tmp_path / "merged"
+    assert (
+        bench.main(
+            ["--from-csv", str(out / "results.csv"), "--eval-images-per-category", "1", "--out", str(merged)]
+        )
+        == 0
+    )
+    assert (merged / "summary.md").read_text().split("\n\n", 1)[1] == summary.split("\n\n", 1)[1]
 
 
 def test_images_per_step_counts_previews_and_regenerations():
