@@ -241,6 +241,12 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], seed: int, run_
     return from_dict(RecipeConfig, data), per_step
 
 
+# The evaluation before training, shared by every run of one process with the same generator, sampler
+# and evaluation set: every method starts from the same weights (LoRA adapters start at zero), and
+# the evaluation seeds are fixed, so its images and score are the same for every method and seed.
+_INITIAL_EVALUATION: dict[str, dict[str, Any]] = {}
+
+
 def run_method(
     args: argparse.Namespace, spec: dict[str, Any], seed: int, items: list
 ) -> list[dict[str, Any]]:
@@ -257,7 +263,13 @@ def run_method(
 
     def evaluate(step: int, images: int, train_reward: float, train_seconds: float = 0.0) -> None:
         trainer.policy.denoiser.eval()
-        result, _ = evaluate_policy(trainer.policy, items, sampling, batch_size=args.eval_batch_size)
+        key = repr((args.model, args.eval_split, len(items), sorted(sampling.items())))
+        if step == 0 and key in _INITIAL_EVALUATION:
+            result = _INITIAL_EVALUATION[key]
+        else:
+            result, _ = evaluate_policy(trainer.policy, items, sampling, batch_size=args.eval_batch_size)
+            if step == 0:
+                _INITIAL_EVALUATION[key] = result
         row = {
             "method": spec["name"],
             "seed": seed,
