@@ -352,26 +352,33 @@ def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return text if math.isnan(half) else f"{text} ± {scale * half:.{digits}f}"
 
 
-def summarise(rows: list[dict[str, Any]], budgets: list[int]) -> str:
-    """Markdown tables: RL-held-out overall (%, mean over seeds ± 95% t-interval) at each budget,
-    the last evaluation at or below it; then the training-reward change per method (first quarter
-    of the steps to the last, the same statistics)."""
+def summarise(rows: list[dict[str, Any]], budgets: list[int] | None = None) -> str:
+    """Markdown tables: RL-held-out overall (%, mean over seeds ± 95% t-interval) at each evaluation
+    (the k-th evaluation of every run; a method whose step is not a divisor of ``--eval-every`` is
+    evaluated at the first step past it, so the row names each method's image count); then the
+    training-reward change per method (first quarter of the steps to the last, the same statistics).
+    ``budgets`` (optional) keeps only the rows whose image counts are all at or below its largest."""
     methods = list(dict.fromkeys(row["method"] for row in rows))
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        runs.setdefault((row["method"], row["seed"]), []).append(row)
+    for evaluations in runs.values():
+        evaluations.sort(key=lambda row: row["images"])
+    depth = max((len(evaluations) for evaluations in runs.values()), default=0)
     lines = [
         "| images | " + " | ".join(methods) + " |",
-        "|---:|" + "---:|" * len(methods),
+        "|---|" + "---:|" * len(methods),
     ]
-    for budget in [0, *budgets]:
-        cells = []
+    for index in range(depth):
+        cells, counts = [], []
         for method in methods:
-            per_seed = {}
-            for row in rows:
-                if row["method"] == method and row["images"] <= budget:
-                    previous = per_seed.get(row["seed"])
-                    if previous is None or row["images"] >= previous["images"]:
-                        per_seed[row["seed"]] = row
-            cells.append(_cell([float(row["heldout_overall"]) for row in per_seed.values()]))
-        lines.append(f"| {budget} | " + " | ".join(cells) + " |")
+            at = [ev[index] for (name, _), ev in runs.items() if name == method and len(ev) > index]
+            counts += [int(row["images"]) for row in at]
+            cells.append(_cell([float(row["heldout_overall"]) for row in at]))
+        counts = list(dict.fromkeys(counts))
+        if budgets and max(counts, default=0) > max(budgets):
+            continue
+        lines.append(f"| {' / '.join(map(str, counts))} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| method | seeds | eval change (last - 0) | training reward, first quarter | last quarter | change | wall s / run |",

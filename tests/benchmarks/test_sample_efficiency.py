@@ -91,7 +91,7 @@ def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path):
     assert {r["eval_split"] for r in rows} == {"rl_heldout"}
     assert (out / "sample_efficiency.png").stat().st_size > 0
     summary = (out / "summary.md").read_text()
-    assert "| 30 |" in summary and "| nft | 1 |" in summary
+    assert "| 30 / 32 |" in summary and "| nft | 1 |" in summary  # each method's image count
     # report only, from the CSV (as when seeds ran in separate processes): the same tables
     merged = tmp_path / "merged"
     assert (
