@@ -36,8 +36,9 @@ at each budget and the training-reward change: mean over seeds with a 95% t-inte
 and ``sample_efficiency.png`` (mean and 95% band) to ``--out``::
 
     python benchmarks/sample_efficiency.py --seeds 0 1 2        # toy-sd, grpo/b2diffurl/nft, 2048 images
-    python benchmarks/sample_efficiency.py --model tiny:sd --budget 24 --eval-every 12 \\
-        --set sampling.num_inference_steps=4 --out /tmp/se                   # smoke run, ~1 min
+    python benchmarks/sample_efficiency.py --model tiny:sd --budget 32 --eval-every 32 \\
+        --eval-images-per-category 1 --out /tmp/se --set sampling.num_inference_steps=4 \\
+        train.prompts_per_step=2 train.minibatch_size=2 train.b2diffurl.split_step_start=2  # smoke run
 """
 
 from __future__ import annotations
