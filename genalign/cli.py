@@ -56,18 +56,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     model = materialize(args.model)
     family = args.family or detect_family(model)
     policy = load_policy(family, model, train=False, device=args.device, dtype=args.dtype)
-    prompts = args.prompt
+    same_names = ("eta", "noise_level", "mode", "height", "width")  # options named as rollout names them
     trajectory = policy.rollout(
-        prompts,
+        args.prompt,
         num_inference_steps=args.steps,
         guidance_scale=args.guidance_scale,
-        eta=args.eta,
-        noise_level=args.noise_level,
-        mode=args.mode,
         group_size=args.num_images,
         generator=torch.Generator().manual_seed(args.seed),
-        height=args.height,
-        width=args.width,
+        **{name: getattr(args, name) for name in same_names},
     )
     paths = save_images(trajectory.images, args.out)
     print(f"wrote {len(paths) - 1} images and a grid to {args.out}")
@@ -75,8 +71,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from genalign.trainers.config import load_recipe
     from genalign.trainers.trainer import build_trainer
 
@@ -106,8 +100,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from genalign.toy.demo import DEFAULT_RECIPE, run_demo
 
     overrides = list(args.overrides)
@@ -116,15 +108,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.config = None
     recipe = args.config or DEFAULT_RECIPE
     print(f"recipe: {recipe}", flush=True)
-    result = run_demo(
-        recipe,
-        overrides,
-        eval_every=args.eval_every,
-        oracle=args.oracle,
-        rl_heldout_images=args.rl_heldout_images,
-        rl_train_images=args.rl_train_images,
-        unseen_images=args.unseen_images,
-    )
+    options = ("eval_every", "oracle", "rl_heldout_images", "rl_train_images", "unseen_images")
+    result = run_demo(recipe, overrides, **{name: getattr(args, name) for name in options})
     for name, evaluation in result.evaluations.items():
         change, low, high = evaluation.interval()
         print(
@@ -150,15 +135,8 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
         image_root=args.image_root,
     )
     specs = parse_reward_specs(args.reward, args.reward_arg)
-    config = EvalConfig(
-        batch_size=args.batch_size,
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        image_size=args.image_size,
-        tie_threshold=args.tie_threshold,
-        temperature=args.temperature,
-        progress=not args.no_progress,
-    )
+    same_names = ("batch_size", "bootstrap", "seed", "image_size", "tie_threshold", "temperature")
+    config = EvalConfig(progress=not args.no_progress, **{name: getattr(args, name) for name in same_names})
     summary = evaluate_rewards(dataset, specs, args.out, config)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     failed = sum(entry["n_failed"] for entry in summary["rewards"].values())
