@@ -39,7 +39,13 @@ class RLGPipelineOutput(BaseOutput):
 
 class RLGMixin:
     """Shared RLG machinery: which model is the reference, which the RL-tuned one, and how one
-    step's two branches become one prediction."""
+    step's two branches become one prediction.
+
+    Every family's ``__call__`` samples with RLG: per step, guidance in each branch (CFG, or
+    FLUX's embedded and true CFG), then ``v_ref + w (v_RL - v_ref)``. Its ``rlg_scale`` is
+    ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation); every other argument is
+    the wrapped diffusers pipeline's, with its defaults.
+    """
 
     _denoiser_name: str
     _rl_denoiser_name: str

@@ -81,12 +81,7 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
         callback_on_step_end: StepCallback | None = None,
         max_sequence_length: int = 512,
     ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG: per step, guidance in each branch, then ``v_ref + w (v_RL - v_ref)``.
-
-        Args:
-            rlg_scale: ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation).
-            Other arguments as :class:`~diffusers.FluxPipeline`.
-        """
+        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``FluxPipeline``."""
         # 1. Check inputs
         self._check_rlg(rlg_scale)
         height = height or self.default_sample_size * self.vae_scale_factor

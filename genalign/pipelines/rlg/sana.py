@@ -96,12 +96,7 @@ class RLGSanaPipeline(RLGMixin, SanaPipeline):
         max_sequence_length: int = 300,
         complex_human_instruction: list[str] | None = _SANA_INSTRUCTION,
     ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG: per step, CFG in each branch, then ``v_ref + w (v_RL - v_ref)``.
-
-        Args:
-            rlg_scale: ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation).
-            Other arguments as :class:`~diffusers.SanaPipeline`.
-        """
+        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``SanaPipeline``."""
         # 1. Check inputs (resolution binning as SanaPipeline); default: the native size (1024 px for SANA 1.6B)
         self._check_rlg(rlg_scale)
         height = height or self.transformer.config.sample_size * self.vae_scale_factor

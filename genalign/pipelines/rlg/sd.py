@@ -70,12 +70,7 @@ class RLGStableDiffusionPipeline(RLGMixin, StableDiffusionPipeline):
         return_dict: bool = True,
         callback_on_step_end: StepCallback | None = None,
     ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG: per step, CFG in each branch, then ``v_ref + w (v_RL - v_ref)``.
-
-        Args:
-            rlg_scale: ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation).
-            Other arguments as :class:`~diffusers.StableDiffusionPipeline`.
-        """
+        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``StableDiffusionPipeline``."""
         # 1. Check inputs
         self._check_rlg(rlg_scale)
         height = height or self.unet.config.sample_size * self.vae_scale_factor

@@ -85,12 +85,7 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
         callback_on_step_end: StepCallback | None = None,
         max_sequence_length: int = 256,
     ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG: per step, CFG in each branch, then ``v_ref + w (v_RL - v_ref)``.
-
-        Args:
-            rlg_scale: ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation).
-            Other arguments as :class:`~diffusers.StableDiffusion3Pipeline`.
-        """
+        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``StableDiffusion3Pipeline``."""
         # 1. Check inputs
         self._check_rlg(rlg_scale)
         height = height or self.default_sample_size * self.vae_scale_factor
