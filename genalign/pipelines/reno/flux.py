@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from diffusers import FluxPipeline
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
+from genalign.pipelines.flux_schedule import flux_guidance, flux_timesteps
 from genalign.pipelines.reno.common import PromptRequest, ReNOMixin, SamplingSettings
 
 __all__ = ["ReNOFluxPipeline"]
@@ -87,24 +85,12 @@ class ReNOFluxPipeline(ReNOMixin, FluxPipeline):
         """Differentiable flow-matching Euler loop on packed latents ``[B, h/2 * w/2, 4 C]``."""
         if settings.timesteps is not None:
             raise ValueError("timesteps: FLUX sets its flow schedule from num_inference_steps")
-        config, num_inference_steps = self.scheduler.config, settings.num_inference_steps
-        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
-        if getattr(config, "use_flow_sigmas", False):
-            sigmas = None
-        mu = calculate_shift(
-            noise.shape[1],
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
+        schedule, _ = flux_timesteps(
+            self.scheduler, settings.num_inference_steps, noise.shape[1], noise.device
         )
-        schedule, _ = retrieve_timesteps(
-            self.scheduler, num_inference_steps, noise.device, sigmas=sigmas, mu=mu
+        guidance = flux_guidance(  # FLUX.1-dev: guidance is an input; None for schnell
+            self.transformer, settings.guidance_scale, noise.shape[0], noise.device
         )
-        guidance = None
-        if self.transformer.config.guidance_embeds:  # FLUX.1-dev: guidance is an input
-            guidance = torch.full([1], settings.guidance_scale, device=noise.device, dtype=torch.float32)
-            guidance = guidance.expand(noise.shape[0])
         self.scheduler.set_begin_index(0)
         latents = noise
         for t in schedule:

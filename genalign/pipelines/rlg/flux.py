@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 from transformers import (
     CLIPImageProcessor,
     CLIPTextModel,
@@ -16,6 +13,7 @@ from transformers import (
     T5TokenizerFast,
 )
 
+from genalign.pipelines.flux_schedule import flux_guidance, flux_timesteps
 from genalign.pipelines.guidance import guided_prediction
 from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
 
@@ -130,23 +128,10 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
             generator,
             latents,
         )
-        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
-        if getattr(self.scheduler.config, "use_flow_sigmas", False):
-            sigmas = None
-        mu = calculate_shift(
-            latents.shape[1],
-            self.scheduler.config.get("base_image_seq_len", 256),
-            self.scheduler.config.get("max_image_seq_len", 4096),
-            self.scheduler.config.get("base_shift", 0.5),
-            self.scheduler.config.get("max_shift", 1.15),
+        timesteps, num_inference_steps = flux_timesteps(
+            self.scheduler, num_inference_steps, latents.shape[1], device
         )
-        timesteps, num_inference_steps = retrieve_timesteps(
-            self.scheduler, num_inference_steps, device, sigmas=sigmas, mu=mu
-        )
-        guidance = None
-        if self.transformer.config.guidance_embeds:
-            guidance = torch.full([1], guidance_scale, device=device, dtype=torch.float32)
-            guidance = guidance.expand(latents.shape[0])
+        guidance = flux_guidance(self.transformer, guidance_scale, latents.shape[0], device)
 
         # 4. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, latents: torch.Tensor, timestep: torch.Tensor):
