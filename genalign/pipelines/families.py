@@ -9,6 +9,7 @@ row into a loaded pipeline (``RLGPipeline`` and ``ReNOPipeline`` are its two ins
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Sequence
@@ -149,10 +150,11 @@ class PipelineDispatcher:
 
         options = {key: kwargs[key] for key in _CONFIG_OPTIONS if key in kwargs}
         config = DiffusionPipeline.load_config(pretrained_model_name_or_path, **options)
-        for name, value in config.items():  # components saved as absent (SD3 without T5) stay absent
-            if isinstance(value, (list, tuple)) and list(value) == [None, None]:
-                kwargs.setdefault(name, None)
         pipeline_class = cls.pipeline_class_for(config["_class_name"])
+        accepted = inspect.signature(pipeline_class.__init__).parameters
+        for name, value in config.items():  # components saved as absent (SD3 without T5) stay absent
+            if name in accepted and isinstance(value, (list, tuple)) and list(value) == [None, None]:
+                kwargs.setdefault(name, None)
         return pipeline_class.from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod

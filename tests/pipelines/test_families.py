@@ -83,3 +83,10 @@ def test_guidance_formulas_by_hand():
     assert apply_guidance(batch, 7.5, do_cfg=False) is batch
     # RLG is the same extrapolation between the reference and the RL-tuned prediction
     torch.testing.assert_close(rlg_combine(uncond, cond, 7.5), expected)
+
+
+def test_flow_entries_match_the_flow_policy_architectures():
+    from genalign.policies.flow import FLOW_ARCHITECTURES
+
+    flow = {name for name, family in policy_families().items() if family == "flow"}
+    assert flow == set(FLOW_ARCHITECTURES)
