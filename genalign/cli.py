@@ -11,49 +11,34 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# Pipeline classes (as written in a model folder's model_index.json) and their policy family.
-PIPELINE_FAMILIES = {
-    "StableDiffusionPipeline": "sd",
-    "StableDiffusionXLPipeline": "sd",
-    "StableDiffusion3Pipeline": "flow",
-    "FluxPipeline": "flow",
-    "SanaPipeline": "flow",
-    "LatentConsistencyModelPipeline": "consistency",
-}
-
+logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 def detect_family(model: str) -> str:
-    """The policy family of a hub id or local folder, read from its ``model_index.json``."""
+    """The policy family of a hub id or local folder, read from its ``model_index.json`` and the
+    table of model families (:data:`genalign.pipelines.families.MODEL_FAMILIES`)."""
     from diffusers import DiffusionPipeline
 
+    from genalign.pipelines.families import policy_families
+
+    families = policy_families()
     class_name = DiffusionPipeline.load_config(model)["_class_name"]
-    if class_name not in PIPELINE_FAMILIES:
-        known = ", ".join(sorted(PIPELINE_FAMILIES))
+    if class_name not in families:
+        known = ", ".join(sorted(families))
         raise SystemExit(
             f"cannot tell the family of {model} ({class_name}); pass --family. Known pipelines: {known}"
         )
-    return PIPELINE_FAMILIES[class_name]
+    return families[class_name]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     from genalign.policies import list_policies
+    from genalign.rewards import list_rewards
+    from genalign.trainers import list_trainers
 
-    sections = {"policy families": list_policies()}
-    try:
-        from genalign.rewards import list_rewards
-
-        sections["rewards"] = list_rewards()
-    except ImportError:  # pragma: no cover - rewards always import in a full install
-        pass
-    try:
-        from genalign.trainers import list_trainers
-
-        sections.update(list_trainers())
-    except ImportError:
-        pass
+    sections = {"policy families": list_policies(), "rewards": list_rewards(), **list_trainers()}
     for title, names in sections.items():
         print(f"{title}:")
         for name in names:
@@ -71,18 +56,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     model = materialize(args.model)
     family = args.family or detect_family(model)
     policy = load_policy(family, model, train=False, device=args.device, dtype=args.dtype)
-    prompts = args.prompt
+    same_names = ("eta", "noise_level", "mode", "height", "width")  # options named as rollout names them
     trajectory = policy.rollout(
-        prompts,
+        args.prompt,
         num_inference_steps=args.steps,
         guidance_scale=args.guidance_scale,
-        eta=args.eta,
-        noise_level=args.noise_level,
-        mode=args.mode,
         group_size=args.num_images,
         generator=torch.Generator().manual_seed(args.seed),
-        height=args.height,
-        width=args.width,
+        **{name: getattr(args, name) for name in same_names},
     )
     paths = save_images(trajectory.images, args.out)
     print(f"wrote {len(paths) - 1} images and a grid to {args.out}")
@@ -90,8 +71,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from genalign.trainers.config import load_recipe
     from genalign.trainers.trainer import build_trainer
 
@@ -121,8 +100,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from genalign.toy.demo import DEFAULT_RECIPE, run_demo
 
     overrides = list(args.overrides)
@@ -131,15 +108,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.config = None
     recipe = args.config or DEFAULT_RECIPE
     print(f"recipe: {recipe}", flush=True)
-    result = run_demo(
-        recipe,
-        overrides,
-        eval_every=args.eval_every,
-        oracle=args.oracle,
-        rl_heldout_images=args.rl_heldout_images,
-        rl_train_images=args.rl_train_images,
-        unseen_images=args.unseen_images,
-    )
+    options = ("eval_every", "oracle", "rl_heldout_images", "rl_train_images", "unseen_images")
+    result = run_demo(recipe, overrides, **{name: getattr(args, name) for name in options})
     for name, evaluation in result.evaluations.items():
         change, low, high = evaluation.interval()
         print(
@@ -165,20 +135,13 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
         image_root=args.image_root,
     )
     specs = parse_reward_specs(args.reward, args.reward_arg)
-    config = EvalConfig(
-        batch_size=args.batch_size,
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        image_size=args.image_size,
-        tie_threshold=args.tie_threshold,
-        temperature=args.temperature,
-        progress=not args.no_progress,
-    )
+    same_names = ("batch_size", "bootstrap", "seed", "image_size", "tie_threshold", "temperature")
+    config = EvalConfig(progress=not args.no_progress, **{name: getattr(args, name) for name in same_names})
     summary = evaluate_rewards(dataset, specs, args.out, config)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     failed = sum(entry["n_failed"] for entry in summary["rewards"].values())
     if failed:
-        print(f"warning: {failed} (reward, sample) scores failed; see report.md", file=sys.stderr)
+        logger.warning("%d (reward, sample) scores failed; see report.md", failed)
     print(f"wrote scores.jsonl, summary.json, report.md and plots to {args.out}")
     nothing = [key for key, entry in summary["rewards"].items() if entry["n_scored"] == 0]
     if nothing:  # no metric exists: a script must not read this run as a result
@@ -284,15 +247,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_subcommand in (
+        _add_list,
+        _add_train,
+        _add_demo,
+        _add_sample,
+        _add_eval_reward,
+        _add_reno,
+        _add_rlg,
+    ):
+        add_subcommand(sub)
+    return parser
 
+
+def _add_list(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list registered policy families, rewards and trainers")
     p.set_defaults(func=cmd_list)
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="fine-tune a generator with RL from a YAML recipe")
     p.add_argument("config", help="recipe YAML, e.g. configs/tiny/ddpo_jpeg.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.num_steps=20")
     p.set_defaults(func=cmd_train)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="offline toy-world demo: evaluate a toy generator, RL-train it on a learned reward, "
@@ -324,10 +304,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("sample", help="sample images from a model (hub id or local folder)")
-    p.add_argument("model", help="hub id, local diffusers folder, or tiny:NAME (offline tiny model)")
+
+def _add_prompts_and_out(p: argparse.ArgumentParser) -> None:
+    """``--prompt`` (repeatable) and ``--out``: what every image-writing command takes."""
     p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
+
+
+def _add_size_seed_device(p: argparse.ArgumentParser, size_help: str | None = None) -> None:
+    """``--height``, ``--width``, ``--seed`` and ``--device``."""
+    p.add_argument("--height", type=int, default=None, help=size_help and f"image height ({size_help})")
+    p.add_argument("--width", type=int, default=None, help=size_help and f"image width ({size_help})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+
+
+def _add_sample(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample", help="sample images from a model (hub id or local folder)")
+    p.add_argument("model", help="hub id, local diffusers folder, or tiny:NAME (offline tiny model)")
+    _add_prompts_and_out(p)
     p.add_argument("--family", default=None, help="policy family (default: read from model_index.json)")
     p.add_argument("--num-images", type=int, default=1, help="images per prompt")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (family default if omitted)")
@@ -335,13 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta for the sd family (0 = deterministic)")
     p.add_argument("--noise-level", type=float, default=0.0, help="flow SDE noise level")
     p.add_argument("--mode", default="ode", choices=["ode", "sde", "cps"], help="flow sampler")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    _add_size_seed_device(p)
     p.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default: the model's)")
     p.set_defaults(func=cmd_sample)
 
+
+def _add_eval_reward(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval-reward",
         help="evaluate reward models against human preferences, rankings or MOS",
@@ -387,14 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval_reward)
 
+
+def _add_reno(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reno", help="ReNO: optimise the initial noise of a one-step model for rewards")
     p.add_argument(
         "model",
         help="hub id or local diffusers folder (sd-turbo, LCM, sdxl-turbo, FLUX.1-schnell, PixArt-alpha DMD), "
         "or tiny:lcm / tiny:sdxl / tiny:flux / tiny:pixart",
     )
-    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
+    _add_prompts_and_out(p)
     p.add_argument(
         "--reward",
         action="append",
@@ -412,38 +407,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1, help="denoising steps of the generator")
     p.add_argument("--guidance-scale", type=float, default=0.0)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--height", type=int, default=None, help="image height (default: the model's native size)")
-    p.add_argument("--width", type=int, default=None, help="image width (default: the model's native size)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    _add_size_seed_device(p, size_help="default: the model's native size")
     p.set_defaults(func=cmd_reno)
 
+
+def _add_rlg(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rlg", help="RLG: sample mixing a base model and its RL-tuned LoRA")
     p.add_argument(
         "base", help="hub id or local diffusers folder (SD, SDXL, SD3, FLUX, SANA) or tiny:sd, tiny:sdxl, ..."
     )
     p.add_argument("--rl-lora", required=True, help="the RL-tuned LoRA (file or folder, diffusers format)")
     p.add_argument("--rlg-scale", type=float, default=1.0, help="w: 0 base, 1 RL-tuned, > 1 extrapolate")
-    p.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
+    _add_prompts_and_out(p)
     p.add_argument("--num-images", type=int, default=1, help="images per prompt")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (pipeline default if omitted)")
     p.add_argument("--guidance-scale", type=float, default=None)
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    _add_size_seed_device(p)
     p.set_defaults(func=cmd_rlg)
-    return parser
 
 
 def _cuda() -> bool:
-    try:
-        import torch
+    import torch
 
-        return torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        return False
+    return torch.cuda.is_available()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

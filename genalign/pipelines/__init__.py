@@ -5,36 +5,43 @@
 * :class:`RLGPipeline` — reinforcement learning guidance (Jin et al. 2025): the base and the
   RL-tuned model combined at inference, for the SD (SD 1.x/2.x, SDXL) and flow (SD3, FLUX,
   SANA) families.
+
+Layout: ``reno/`` and ``rlg/`` hold one module per model family; :mod:`.families` is the one
+table of model families (diffusers class name -> policy family, RLG and ReNO pipelines);
+:mod:`.guidance` the CFG / RLG formulas every family shares. Names are imported on first use,
+so reading :mod:`.families` (the CLI does) imports no model library.
 """
 
 from __future__ import annotations
 
-from genalign.pipelines.reno import (
-    RENO_REWARD_WEIGHTS,
-    ReNOFluxPipeline,
-    ReNOPipeline,
-    ReNOPipelineOutput,
-    ReNOPixArtAlphaPipeline,
-    ReNOStableDiffusionXLPipeline,
-    build_reward_ensemble,
-    norm_regularizer,
-)
-from genalign.pipelines.rlg import (
-    RLGFluxPipeline,
-    RLGPipeline,
-    RLGPipelineOutput,
-    RLGSanaPipeline,
-    RLGStableDiffusion3Pipeline,
-    RLGStableDiffusionPipeline,
-    RLGStableDiffusionXLPipeline,
-    rlg_combine,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "RENO_REWARD_WEIGHTS": "reno",
+    "ReNOFluxPipeline": "reno",
+    "ReNOPipeline": "reno",
+    "ReNOPipelineOutput": "reno",
+    "ReNOPixArtAlphaPipeline": "reno",
+    "ReNOStableDiffusionPipeline": "reno",
+    "ReNOStableDiffusionXLPipeline": "reno",
+    "build_reward_ensemble": "reno",
+    "norm_regularizer": "reno",
+    "RLGFluxPipeline": "rlg",
+    "RLGPipeline": "rlg",
+    "RLGPipelineOutput": "rlg",
+    "RLGSanaPipeline": "rlg",
+    "RLGStableDiffusion3Pipeline": "rlg",
+    "RLGStableDiffusionPipeline": "rlg",
+    "RLGStableDiffusionXLPipeline": "rlg",
+    "rlg_combine": "rlg",
+    "apply_guidance": "guidance",
+    "MODEL_FAMILIES": "families",
+}
 
 __all__ = [
+    "MODEL_FAMILIES",
     "RENO_REWARD_WEIGHTS",
-    "ReNOFluxPipeline",
-    "ReNOPixArtAlphaPipeline",
-    "ReNOStableDiffusionXLPipeline",
     "RLGFluxPipeline",
     "RLGPipeline",
     "RLGPipelineOutput",
@@ -42,9 +49,51 @@ __all__ = [
     "RLGStableDiffusion3Pipeline",
     "RLGStableDiffusionPipeline",
     "RLGStableDiffusionXLPipeline",
+    "ReNOFluxPipeline",
     "ReNOPipeline",
     "ReNOPipelineOutput",
+    "ReNOPixArtAlphaPipeline",
+    "ReNOStableDiffusionPipeline",
+    "ReNOStableDiffusionXLPipeline",
+    "apply_guidance",
     "build_reward_ensemble",
     "norm_regularizer",
     "rlg_combine",
 ]
+
+if TYPE_CHECKING:
+    from genalign.pipelines.families import MODEL_FAMILIES
+    from genalign.pipelines.guidance import apply_guidance
+    from genalign.pipelines.reno import (
+        RENO_REWARD_WEIGHTS,
+        ReNOFluxPipeline,
+        ReNOPipeline,
+        ReNOPipelineOutput,
+        ReNOPixArtAlphaPipeline,
+        ReNOStableDiffusionPipeline,
+        ReNOStableDiffusionXLPipeline,
+        build_reward_ensemble,
+        norm_regularizer,
+    )
+    from genalign.pipelines.rlg import (
+        RLGFluxPipeline,
+        RLGPipeline,
+        RLGPipelineOutput,
+        RLGSanaPipeline,
+        RLGStableDiffusion3Pipeline,
+        RLGStableDiffusionPipeline,
+        RLGStableDiffusionXLPipeline,
+        rlg_combine,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
