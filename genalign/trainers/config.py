@@ -2,8 +2,9 @@
 
 A recipe has five sections: ``model`` (what to load and train), ``sampling`` (how rollouts are
 drawn), ``reward``, ``prompts`` and ``train`` (the RL algorithm and optimiser), plus ``logging``.
-Cross-field checks run at load time and name the offending keys. The method options of ``train``
-(``train.nft``, ``train.b2diffurl``, ...) are in :mod:`genalign.trainers.method_config`.
+Cross-field checks run at load time and name the offending keys. ``train`` is
+:class:`~genalign.trainers.train_config.TrainConfig`, whose method options (``train.nft``,
+``train.b2diffurl``, ...) are in :mod:`genalign.trainers.method_config`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError, load_config, to_dict
-from genalign.trainers.method_config import B2DiffuRLConfig, NFTConfig, ReFLConfig, RWRConfig, SolRLConfig
+from genalign.trainers.train_config import TrainConfig
 
 # families the nft loss trains: those whose forward_noise / predict_x0 are the denoiser's own
 # training process (consistency is left out: its UNet is eps-parameterised, but it was distilled
@@ -114,146 +114,6 @@ class PromptsConfig:
         if not prompts:
             raise ConfigError(f"prompts.file {path} holds no prompts")
         return prompts
-
-
-@dataclass
-class TrainConfig:
-    """The RL algorithm and optimiser.
-
-    Batch arithmetic: each step draws ``prompts_per_step`` prompts and ``group_size`` samples for
-    each, so ``batch_size = prompts_per_step * group_size`` samples (across all processes). Each
-    inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
-    ``timestep_fraction`` of the stochastic steps; one optimiser step per
-    ``gradient_accumulation_steps`` minibatches.
-
-    Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
-    "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
-    steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
-
-    Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
-    as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
-    (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
-
-    KL penalty of the ``ppo_clip`` loss (``kl_coef > 0``): ``kl_coef * ||mu_theta - mu_ref||^2 /
-    (2 s^2)`` per trained step. ``kl_convention`` "official" takes Flow-GRPO's ``s``
-    (flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without
-    the step's ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's
-    own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
-    flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
-    mean over latent elements) is independent of it.
-
-    ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
-    equal) leave the update, and each minibatch's loss is the mean over its kept samples
-    (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
-    logged either way.
-    """
-
-    method: Literal[
-        "ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl"
-    ] = "grpo"
-    strategy: str = "groups"
-    loss: str = "ppo_clip"
-    num_steps: int = 10
-    prompts_per_step: int = 2
-    group_size: int = 4
-    batch_size: int | None = None  # alternative to prompts_per_step: samples per step
-    minibatch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    inner_epochs: int = 1
-    timestep_fraction: float = 1.0
-    timestep_order: Literal["random", "first"] = "random"
-    learning_rate: float = 3e-4
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_weight_decay: float = 1e-4
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    lr_decay_steps: int | None = None
-    clip_range: float = 1e-4
-    ratio_reduction: Literal["sum", "mean"] = "mean"
-    advantage: Literal["group", "tracker", "batch"] = "group"
-    advantage_std: Literal["group", "global", "none"] = "group"
-    tracker_buffer_size: int = 32
-    tracker_min_count: int = 16
-    advantage_clip: float = 5.0
-    drop_zero_advantage: bool = False
-    kl_coef: float = 0.0
-    kl_reduction: Literal["sum", "mean"] = "mean"
-    kl_convention: Literal["official", "exact"] = "official"
-    ema_decay: float | None = None
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    seed: int = 0
-    # shard the denoiser with FSDP2 over the processes (also on with accelerate's FSDP config);
-    # fsdp_wrap: block class names made FSDP units (empty: genalign's default list)
-    fsdp: bool = False
-    fsdp_wrap: list[str] = field(default_factory=list)
-    b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
-    nft: NFTConfig = field(default_factory=NFTConfig)  # loss "nft"
-    rwr: RWRConfig = field(default_factory=RWRConfig)  # loss "rwr"
-    refl: ReFLConfig = field(default_factory=ReFLConfig)  # loss "refl"
-    sol_rl: SolRLConfig = field(default_factory=SolRLConfig)  # strategy "sol_rl"
-
-    def __post_init__(self) -> None:
-        if self.batch_size is not None:
-            if self.group_size <= 0 or self.batch_size % self.group_size != 0:
-                raise ConfigError(
-                    f"train.group_size {self.group_size} does not divide train.batch_size {self.batch_size}: "
-                    f"a batch must hold whole prompt groups"
-                )
-            self.prompts_per_step = self.batch_size // self.group_size
-        for key in (
-            "num_steps",
-            "prompts_per_step",
-            "group_size",
-            "minibatch_size",
-            "gradient_accumulation_steps",
-            "inner_epochs",
-        ):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
-        if not 0.0 < self.timestep_fraction <= 1.0:
-            raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
-        # b2diffurl compares branches, not prompt groups: one sample per prompt is its usual setting
-        grouped = self.strategy != "b2diffurl"
-        if grouped and self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
-            raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
-        if self.samples_per_step % self.minibatch_size != 0:
-            raise ConfigError(
-                f"train.minibatch_size {self.minibatch_size} does not divide the batch size "
-                f"{self.samples_per_step} (= prompts_per_step {self.prompts_per_step} x group_size {self.group_size})"
-            )
-        if self.kl_coef < 0:
-            raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
-            raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
-        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
-            raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
-        if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
-            raise ConfigError(
-                f"train.group_size {self.group_size} must equal the samples sol_rl keeps per prompt "
-                f"({self.sol_rl.kept_per_prompt}: train.sol_rl.keep_top + keep_bottom, or pool_size for selection=all)"
-            )
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.prompts_per_step * self.group_size
-
-    @property
-    def planned_optimizer_steps(self) -> int:
-        """Optimiser steps of the run when every sample of every step is trained on (the groups
-        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
-        minibatches = -(-self.samples_per_step // self.minibatch_size)
-        return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
-
-    def learning_rate_factor(self, optimizer_steps: int) -> float:
-        """The factor of ``learning_rate`` after ``optimizer_steps`` steps (warm-up and schedule)."""
-        return learning_rate_factor(
-            optimizer_steps,
-            self.lr_warmup_steps,
-            self.lr_schedule,
-            self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
-        )
 
 
 @dataclass
