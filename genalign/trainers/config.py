@@ -27,6 +27,13 @@ NFT_FAMILIES = ("flow", "sd")
 
 @dataclass
 class LoraConfig:
+    """``model.lora``: LoRA adapters on the denoiser (:class:`genalign.policies.LoraSpec`).
+
+    ``rank``: the adapters' rank; ``alpha``: their scale numerator (None: ``rank``, a scale of 1);
+    ``target_modules``: names of the adapted linear layers; ``dropout``: LoRA dropout; ``seed``:
+    the adapters' initialisation is drawn from it, not from the global RNG.
+    """
+
     rank: int = 4
     alpha: float | None = None
     target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
@@ -36,12 +43,17 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    """``family``: a registered policy family (``genalign list``); ``path``: hub id or local folder."""
+    """``model``: what to load and train.
+
+    ``family``: a registered policy family (``genalign list``); ``path``: hub id, local folder or
+    ``tiny:NAME``; ``lora``: LoRA adapters (None: full fine-tuning of the denoiser); ``dtype``:
+    weight dtype of the frozen parts, e.g. "bfloat16" (None: the checkpoint's).
+    """
 
     family: str = "sd"
     path: str = ""
     lora: LoraConfig | None = field(default_factory=LoraConfig)
-    dtype: str | None = None  # weight dtype of the frozen parts, e.g. "bfloat16"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -50,7 +62,11 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
-    """How rollouts are drawn. ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
+    """``sampling``: how rollouts are drawn.
+
+    ``num_inference_steps``: sampling steps T; ``guidance_scale``: classifier-free guidance
+    (``negative_prompt`` its unconditional prompt); ``height`` / ``width``: image size (None: the
+    family's default); ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
     the flow SDE (flow family); ``lcm_schedule``: the consistency family's timesteps, diffusers'
     ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
     tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
@@ -59,8 +75,8 @@ class SamplingConfig:
 
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
-    eta: float = 1.0  # sd family (DDIM)
-    noise_level: float = 0.7  # flow family (SDE)
+    eta: float = 1.0
+    noise_level: float = 0.7
     mode: Literal["sde", "cps", "ode"] = "sde"
     height: int | None = None
     width: int | None = None
@@ -77,9 +93,10 @@ class SamplingConfig:
 
 @dataclass
 class RewardConfig:
-    """The training reward, and optional monitors.
+    """``reward``: the training reward, and optional monitors.
 
-    ``monitors`` maps a registered reward name to its keyword arguments; each monitor scores the
+    ``name``: a registered reward (``genalign list``) or ``"package.module:Class"``; ``kwargs``:
+    its keyword arguments. ``monitors`` maps a registered reward name to its keyword arguments; each monitor scores the
     same rollouts as the training reward, for logging only (``monitor_<name>`` in the metrics),
     never for advantages. A verifier the policy is not trained on (``shapes_eval``) makes reward
     hacking visible: the training reward rises while the monitor does not.
@@ -92,7 +109,8 @@ class RewardConfig:
 
 @dataclass
 class PromptsConfig:
-    """Prompts as an inline list, or a text file with one prompt per line."""
+    """``prompts``: the prompt pool, an inline list (``prompts``) or a text file (``file``, one
+    prompt per line, ``#`` comments; relative to the recipe's folder when not found as given)."""
 
     prompts: list[str] = field(default_factory=list)
     file: str | None = None
@@ -118,20 +136,32 @@ class PromptsConfig:
 
 @dataclass
 class LoggingConfig:
+    """``logging``: where a run writes and what it records.
+
+    * ``run_dir``: the run folder; ``{name}`` is the recipe's name.
+    * ``trackers``: accelerate trackers that receive the numeric metrics ("wandb", "tensorboard").
+    * ``sample_every``: write a sample grid every N steps (0: never).
+    * ``checkpoint_every``: write a checkpoint every N steps (0: only at the end and on SIGTERM /
+      Ctrl-C / a failed step); 10 by default so a crash the trainer cannot catch (kill -9, power)
+      loses at most 10 steps. ``keep_last``: checkpoints kept (at least the one a resume needs).
+    * ``resume``: "latest" or a checkpoint folder (None: a fresh run).
+    * ``overwrite``: a fresh run (no resume) into a folder holding another run's checkpoints or
+      metrics refuses; true deletes that run's outputs first
+      (:data:`genalign.trainers.run_folder.RUN_OUTPUTS`).
+    * ``progress``: show a progress bar.
+    * ``param_change``: log each step's parameter change (``param_change``, ``param_change_rel``);
+      keeps one copy of the trainable parameters during the update: turn off for a full
+      fine-tune that cannot afford it.
+    """
+
     run_dir: str = "runs/{name}"
     trackers: list[Literal["wandb", "tensorboard"]] = field(default_factory=list)
-    sample_every: int = 0  # write a sample grid every N steps (0: never)
-    # write a checkpoint every N steps (0: only at the end and on SIGTERM / Ctrl-C / a failed step);
-    # 10 by default so a crash the trainer cannot catch (kill -9, power) loses at most 10 steps
+    sample_every: int = 0
     checkpoint_every: int = 10
     keep_last: int = 2
-    resume: str | None = None  # "latest" or a checkpoint folder
-    # a fresh run (no resume) into a folder holding another run's checkpoints or metrics refuses;
-    # overwrite=true deletes that run's outputs first (genalign.trainers.run_folder.RUN_OUTPUTS)
+    resume: str | None = None
     overwrite: bool = False
     progress: bool = True
-    # log each step's parameter change (param_change, param_change_rel); keeps one copy of the
-    # trainable parameters during the update: turn off for a full fine-tune that cannot afford it
     param_change: bool = True
 
     def __post_init__(self) -> None:
@@ -153,6 +183,11 @@ class LoggingConfig:
 
 @dataclass
 class RecipeConfig:
+    """A training recipe: ``name`` (the run's name, ``{name}`` in ``logging.run_dir``) and the
+    sections ``model``, ``sampling``, ``reward``, ``prompts``, ``train`` and ``logging``.
+    ``__post_init__`` holds the checks across sections (a method's family and loss, options of one
+    family set for another, B2-DiffuRL's window against the sampling steps)."""
+
     name: str = "run"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="?"))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

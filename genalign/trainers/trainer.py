@@ -1,20 +1,26 @@
 """The training loop: rollout -> reward -> advantages -> inner epochs of PPO-style updates.
 
 ``Trainer(policy, reward, strategy, loss, config)`` composes the four parts of DESIGN.md; the
-recipes (DDPO, GRPO, Flow-GRPO, RLCM) are choices of them made in YAML (``configs/``).
+recipes (DDPO, GRPO, Flow-GRPO, RLCM, B2-DiffuRL, DiffusionNFT, Sol-RL, RWR, ReFL) are choices of
+them made in YAML (``configs/``). The strategy sees a
+:class:`~genalign.trainers.strategies.base.RolloutContext`, not the trainer; the loss's hooks are
+declared on :class:`~genalign.trainers.losses.base.PolicyLoss`.
 
 Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
-1. the strategy draws the step's global batch, rolls out this process's share in the training
-   precision context (:meth:`Trainer.precision`) and scores it;
-2. a non-finite reward (NaN, +-inf) skips the step (logged and counted, nothing applied;
-   :mod:`genalign.trainers.guards`);
-3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
-   ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
-   (a random subset, or the first ones: ``timestep_order``); every minibatch
-   (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
-   ``gradient_accumulation_steps`` minibatches the optimiser steps (not when the gradient is
-   not finite: the step's ``nonfinite_grad_steps`` counts those);
+1. collect: the loss's ``begin_step`` hook; then, in the loss's ``rollout_policy`` (DiffusionNFT:
+   the old policy), the strategy draws the step's global batch, rolls out this process's share in
+   the training precision context (:meth:`Trainer.precision`) and scores it; a non-finite reward
+   (NaN, +-inf) skips the step before any advantage or history sees it (logged and counted,
+   nothing applied; :mod:`genalign.trainers.guards`); otherwise the strategy's advantages;
+2. reward metrics: reward statistics, monitors, the strategy's own report, within-group spread;
+3. update: for each inner epoch, :func:`genalign.trainers.minibatches.epoch_passes` permutes the
+   global batch (zero-advantage samples left out under ``drop_zero_advantage``), gives each
+   sample ``timestep_fraction`` of its trainable steps (a random subset, or the first ones:
+   ``timestep_order``) and yields this process's part of every minibatch, which accumulates
+   gradients over those steps; every ``gradient_accumulation_steps`` minibatches the optimiser
+   steps (not when the gradient is not finite: the step's ``nonfinite_grad_steps`` counts those);
+   then the loss's ``end_step`` hook (DiffusionNFT's old-policy soft update);
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
