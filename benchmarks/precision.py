@@ -13,7 +13,7 @@ layers dominate the cost as they do in real models.
    rendered at training settings (fp32, ``--steps`` ODE steps) and as Sol-RL previews (fewer
    ``--preview-steps``, in fp32, int8 and simulated NVFP4), all from the same seeds and initial
    noise, and scored with JPEG compressibility. Per prompt: Kendall tau and Spearman rho between
-   preview and full rewards and the top-k hit rate (``genalign.trainers.sol_rl.ranking_fidelity``),
+   preview and full rewards and the top-k hit rate (``genalign.algorithms.sol_rl.ranking_fidelity``),
    averaged over prompts. Simulated NVFP4 is for fidelity only: it is slower than fp32 by design.
 
     python benchmarks/precision.py                      # ~3-5 minutes on one CPU thread
@@ -35,11 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _timing import compare  # noqa: E402
 
+from genalign.algorithms.sol_rl import ranking_fidelity  # noqa: E402
 from genalign.policies import load_policy  # noqa: E402
 from genalign.policies.base import per_sample_generators  # noqa: E402
 from genalign.policies.precision import quantize_denoiser, swapped_denoiser  # noqa: E402
 from genalign.rewards import load_reward  # noqa: E402
-from genalign.trainers.sol_rl import ranking_fidelity  # noqa: E402
 
 PROMPTS = ["a red circle on a white background", "two blue squares", "a green triangle", "a yellow star"]
 

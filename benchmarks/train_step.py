@@ -183,7 +183,7 @@ def main() -> None:
     trainer = build_trainer(config)
     policy, train = trainer.policy, config.train
     policy.denoiser.eval()
-    batch = trainer.strategy.collect(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     device = str(trainer.device)
     predict = policy.predict if args.baseline == "predict" else guided_unet(trainer)
 

@@ -3,7 +3,8 @@
 Every component declares its options as a dataclass. A YAML recipe is an instance of such a
 schema; command-line overrides use dotted paths (``train.learning_rate=1e-4``). Unknown keys and
 values of the wrong type fail at load time with a :class:`ConfigError` that names the key and
-lists the allowed ones. Cross-field checks live in each schema's ``__post_init__``.
+lists the allowed ones; a key a schema renamed (its ``renamed_keys``) fails naming the new key.
+Cross-field checks live in each schema's ``__post_init__``.
 
 Nothing here mutates its inputs: loading builds new dataclass instances.
 """
@@ -123,6 +124,11 @@ def from_dict(schema: type[C], data: Mapping[str, Any], prefix: str = "") -> C:
     """Build ``schema`` from a mapping, rejecting unknown keys and wrong types by name."""
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    # a schema lists its renamed keys as ``renamed_keys = {"old": "new"}`` (a ClassVar)
+    for old, new in vars(schema).get("renamed_keys", {}).items():
+        if old in data:
+            where = f"{prefix}." if prefix else ""
+            raise ConfigError(f"config key {where}{old} was renamed: use {where}{new}")
     unknown = [k for k in data if k not in fields]
     if unknown:
         where = f" in {prefix}" if prefix else ""

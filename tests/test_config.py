@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 
@@ -40,6 +40,20 @@ def test_unknown_key_lists_the_allowed_ones():
         ConfigError, match=r"unknown config key 'rte' in inner; allowed keys: mode, names, rate"
     ):
         from_dict(Outer, {"inner": {"rte": 1}})
+
+
+@dataclass
+class Renamed:
+    renamed_keys: ClassVar[dict[str, str]] = {"lr": "learning_rate"}
+
+    learning_rate: float = 0.1
+
+
+def test_a_renamed_key_fails_in_one_line_naming_the_new_key():
+    with pytest.raises(ConfigError) as error:
+        from_dict(Renamed, {"lr": 0.5}, prefix="train")
+    assert str(error.value) == "config key train.lr was renamed: use train.learning_rate"
+    assert from_dict(Renamed, {"learning_rate": 0.5}).learning_rate == 0.5
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,9 @@
 """Pure math of RL for generators: advantages, policy losses, KL terms and step selection.
 
+One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's loss kernel),
+:mod:`.b2diffurl` (B2-DiffuRL's schedule, selection and advantages), :mod:`.sol_rl` (Sol-RL's
+candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives).
+
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
 """
@@ -12,16 +16,40 @@ from genalign.algorithms.advantages import (
     group_advantages,
     group_reward_statistics,
 )
+from genalign.algorithms.b2diffurl import (
+    PromptRewardHistory,
+    branch_advantages,
+    select_in_branch_groups,
+    split_step_at,
+    train_window,
+)
 from genalign.algorithms.kl import estimate_kl, gaussian_step_kl, kl_k1, kl_k2, kl_k3
 from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
+from genalign.algorithms.nft import nft_loss, nft_loss_in_x0, nft_old_policy_decay, optimality_probability
+from genalign.algorithms.refl import refl_objective
+from genalign.algorithms.rwr import rwr_weights
 from genalign.algorithms.selection import (
     num_selected_timesteps,
     select_timesteps,
     select_timesteps_per_sample,
 )
+from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
 
 __all__ = [
     "PerPromptStatTracker",
+    "PromptRewardHistory",
+    "branch_advantages",
+    "nft_loss",
+    "nft_loss_in_x0",
+    "nft_old_policy_decay",
+    "optimality_probability",
+    "ranking_fidelity",
+    "refl_objective",
+    "rwr_weights",
+    "select_candidates",
+    "select_in_branch_groups",
+    "split_step_at",
+    "train_window",
     "clip_advantages",
     "estimate_kl",
     "gaussian_step_kl",

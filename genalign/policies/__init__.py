@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from genalign.policies.base import DiffusionPolicy, LoraSpec, check_group_size, check_model_folder
+from genalign.policies.base import DiffusionPolicy, LoraSpec, check_group_size
 from genalign.policies.consistency import ConsistencyPolicy
 from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
+from genalign.policies.model_folder import check_model_folder
 from genalign.policies.sd import SDPolicy
 from genalign.policies.trajectory import RolloutSettings, Trajectory
 from genalign.registry import Registry

@@ -1,17 +1,25 @@
-"""Trainers: the RL loop (rollout -> score -> advantage -> update), strategies and losses."""
+"""Trainers: the RL loop (rollout -> score -> advantage -> update), strategies and losses.
+
+``trainer`` is the loop, ``strategies/`` the rollout strategies (one per file), ``losses/`` the
+losses (one per file, the hook contract in ``losses/base``); their pure math is in
+:mod:`genalign.algorithms`.
+"""
 
 from __future__ import annotations
 
-from genalign.trainers.b2diffurl import B2DiffuRLStrategy  # registers the "b2diffurl" strategy
 from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
-from genalign.trainers.losses import LOSSES, PolicyLoss, PPOClipLoss
-from genalign.trainers.nft import NFTLoss  # registers the "nft" loss
-from genalign.trainers.refl import ReFLLoss  # registers the "refl" loss
-from genalign.trainers.rwr import RWRLoss  # registers the "rwr" loss
-from genalign.trainers.sol_rl import SolRLStrategy  # registers the "sol_rl" strategy
-from genalign.trainers.strategies import STRATEGIES, GroupRolloutStrategy, RolloutBatch, RolloutStrategy
+from genalign.trainers.losses import LOSSES, NFTLoss, PolicyLoss, PPOClipLoss, ReFLLoss, RWRLoss
+from genalign.trainers.strategies import (
+    STRATEGIES,
+    B2DiffuRLStrategy,
+    GroupRolloutStrategy,
+    RolloutBatch,
+    RolloutContext,
+    RolloutStrategy,
+    SolRLStrategy,
+)
 from genalign.trainers.trainer import Trainer, build_trainer
 
 METHODS = {
@@ -51,6 +59,7 @@ __all__ = [
     "PolicyLoss",
     "RecipeConfig",
     "RolloutBatch",
+    "RolloutContext",
     "RolloutStrategy",
     "SolRLStrategy",
     "Trainer",

@@ -1,8 +1,10 @@
 """Typed schemas of a training recipe (``genalign train configs/...yaml key=value ...``).
 
 A recipe has five sections: ``model`` (what to load and train), ``sampling`` (how rollouts are
-drawn), ``reward``, ``prompts`` and ``train`` (the RL algorithm and optimiser). Cross-field checks
-run at load time and name the offending keys.
+drawn), ``reward``, ``prompts`` and ``train`` (the RL algorithm and optimiser), plus ``logging``.
+Cross-field checks run at load time and name the offending keys. ``train`` is
+:class:`~genalign.trainers.train_config.TrainConfig`, whose method options (``train.nft``,
+``train.b2diffurl``, ...) are in :mod:`genalign.trainers.method_config`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError, load_config, to_dict
+from genalign.trainers.train_config import TrainConfig
 
 # families the nft loss trains: those whose forward_noise / predict_x0 are the denoiser's own
 # training process (consistency is left out: its UNet is eps-parameterised, but it was distilled
@@ -25,6 +27,13 @@ NFT_FAMILIES = ("flow", "sd")
 
 @dataclass
 class LoraConfig:
+    """``model.lora``: LoRA adapters on the denoiser (:class:`genalign.policies.LoraSpec`).
+
+    ``rank``: the adapters' rank; ``alpha``: their scale numerator (None: ``rank``, a scale of 1);
+    ``target_modules``: names of the adapted linear layers; ``dropout``: LoRA dropout; ``seed``:
+    the adapters' initialisation is drawn from it, not from the global RNG.
+    """
+
     rank: int = 4
     alpha: float | None = None
     target_modules: list[str] = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
@@ -34,12 +43,17 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    """``family``: a registered policy family (``genalign list``); ``path``: hub id or local folder."""
+    """``model``: what to load and train.
+
+    ``family``: a registered policy family (``genalign list``); ``path``: hub id, local folder or
+    ``tiny:NAME``; ``lora``: LoRA adapters (None: full fine-tuning of the denoiser); ``dtype``:
+    weight dtype of the frozen parts, e.g. "bfloat16" (None: the checkpoint's).
+    """
 
     family: str = "sd"
     path: str = ""
     lora: LoraConfig | None = field(default_factory=LoraConfig)
-    dtype: str | None = None  # weight dtype of the frozen parts, e.g. "bfloat16"
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -48,7 +62,11 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
-    """How rollouts are drawn. ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
+    """``sampling``: how rollouts are drawn.
+
+    ``num_inference_steps``: sampling steps T; ``guidance_scale``: classifier-free guidance
+    (``negative_prompt`` its unconditional prompt); ``height`` / ``width``: image size (None: the
+    family's default); ``eta``: DDIM stochasticity (sd family); ``noise_level`` / ``mode``:
     the flow SDE (flow family); ``lcm_schedule``: the consistency family's timesteps, diffusers'
     ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
     tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
@@ -57,8 +75,8 @@ class SamplingConfig:
 
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
-    eta: float = 1.0  # sd family (DDIM)
-    noise_level: float = 0.7  # flow family (SDE)
+    eta: float = 1.0
+    noise_level: float = 0.7
     mode: Literal["sde", "cps", "ode"] = "sde"
     height: int | None = None
     width: int | None = None
@@ -75,9 +93,10 @@ class SamplingConfig:
 
 @dataclass
 class RewardConfig:
-    """The training reward, and optional monitors.
+    """``reward``: the training reward, and optional monitors.
 
-    ``monitors`` maps a registered reward name to its keyword arguments; each monitor scores the
+    ``name``: a registered reward (``genalign list``) or ``"package.module:Class"``; ``kwargs``:
+    its keyword arguments. ``monitors`` maps a registered reward name to its keyword arguments; each monitor scores the
     same rollouts as the training reward, for logging only (``monitor_<name>`` in the metrics),
     never for advantages. A verifier the policy is not trained on (``shapes_eval``) makes reward
     hacking visible: the training reward rises while the monitor does not.
@@ -90,7 +109,8 @@ class RewardConfig:
 
 @dataclass
 class PromptsConfig:
-    """Prompts as an inline list, or a text file with one prompt per line."""
+    """``prompts``: the prompt pool, an inline list (``prompts``) or a text file (``file``, one
+    prompt per line, ``#`` comments; relative to the recipe's folder when not found as given)."""
 
     prompts: list[str] = field(default_factory=list)
     file: str | None = None
@@ -115,348 +135,33 @@ class PromptsConfig:
 
 
 @dataclass
-class B2DiffuRLConfig:
-    """Options of the ``b2diffurl`` rollout strategy (Hu et al., CVPR 2025, "Towards Better
-    Alignment: Training Diffusion Models with Reinforcement Learning Against Sparse Rewards").
-
-    Backward progressive training: a step trains the window ``[T - split_step, T)`` of the T
-    sampling steps; ``split_step`` rises from ``split_step_start`` to ``split_step_end`` (None:
-    T) by ``split_step_increment``, holding each value for ``stage_steps`` training steps (None:
-    the values are spread evenly over ``train.num_steps``, as the official ``run_process.sh``
-    does). Branch-based sampling: every sample's prefix is drawn once and continued ``branches``
-    times from the window start. Selection: rewards are normalised per prompt against the last
-    ``history_steps`` steps' rewards; in each branch group the best sample is kept if its
-    normalised reward is ``>= pos_threshold`` and the worst if ``< neg_threshold``; their
-    advantages (the normalised rewards clipped to ``train.advantage_clip``) are scaled by
-    ``pos_weight`` (positive) or ``neg_weight`` (otherwise). ``sample_batch_size`` bounds the
-    source samples rolled out in one call (None: all of this process's at once).
-    """
-
-    split_step_start: int = 14
-    split_step_end: int | None = None
-    split_step_increment: int = 1
-    stage_steps: int | None = None
-    branches: int = 5
-    pos_threshold: float = 0.5
-    neg_threshold: float = -0.5
-    pos_weight: float = 1.0
-    neg_weight: float = 1.0
-    history_steps: int = 8
-    sample_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        positive = ["split_step_start", "split_step_increment", "branches"]
-        for key in positive + ["stage_steps", "sample_batch_size", "split_step_end"]:
-            value = getattr(self, key)
-            if (key in positive or value is not None) and value <= 0:
-                raise ConfigError(f"train.b2diffurl.{key} must be positive, got {value}")
-        if self.split_step_end is not None and self.split_step_end < self.split_step_start:
-            raise ConfigError(
-                f"train.b2diffurl.split_step_end {self.split_step_end} is below "
-                f"train.b2diffurl.split_step_start {self.split_step_start}"
-            )
-        if self.neg_threshold > self.pos_threshold:
-            raise ConfigError(
-                f"train.b2diffurl.neg_threshold {self.neg_threshold} exceeds "
-                f"train.b2diffurl.pos_threshold {self.pos_threshold}"
-            )
-        for key in ("pos_weight", "neg_weight", "history_steps"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"train.b2diffurl.{key} must be >= 0, got {getattr(self, key)}")
-
-
-@dataclass
-class NFTConfig:
-    """Options of the ``nft`` loss (DiffusionNFT, Zheng et al. 2025; ``genalign.trainers.nft``).
-
-    ``beta``: the implicit-policy mixing strength of eq. 7; ``adv_clip``: c of
-    r = clip(A, -c, c) / (2c) + 1/2; the old (sampling) policy's soft update
-    theta_old <- eta theta_old + (1 - eta) theta uses eta = min(ema_rate * (i - ema_flat), ema_max)
-    after i optimiser steps (the paper's 0.001 / 0.5 / 0); ``rollout_policy``: "old" samples with
-    the old policy as the paper does, "current" with the trained weights; ``adaptive_weighting``:
-    divide each x0-space error by its stop-gradient mean absolute error (official code), clamped at
-    ``weight_min``; ``guided``: train the output the rollouts were sampled with, classifier-free
-    guidance included, instead of the conditional branch alone. The default (False) is the official
-    trainer's: DiffusionNFT is CFG-free (Zheng et al. 2025, Sec. 4), it regresses the conditional
-    velocity, whatever guidance the rollouts used (a guidance scale embedded in the denoiser, as in
-    FLUX.1-dev, stays: it is an input of the conditional model).
-    """
-
-    beta: float = 1.0
-    adv_clip: float = 5.0
-    ema_rate: float = 0.001
-    ema_max: float = 0.5
-    ema_flat: int = 0
-    rollout_policy: Literal["old", "current"] = "old"
-    adaptive_weighting: bool = True
-    weight_min: float = 1e-5
-    guided: bool = False
-
-    def __post_init__(self) -> None:
-        for key in ("beta", "adv_clip", "weight_min"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.nft.{key} must be positive, got {getattr(self, key)}")
-        if self.ema_rate < 0 or self.ema_flat < 0:
-            raise ConfigError(
-                f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}"
-            )
-        if not 0.0 <= self.ema_max < 1.0:
-            raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
-
-
-@dataclass
-class RWRConfig:
-    """Options of the ``rwr`` loss (reward-weighted regression, the baseline of DDPO, Black et al.
-    2023; ``genalign.trainers.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
-    (w = 1[A >= threshold]), A being each sample's advantage; ``guided``: regress the output the
-    rollouts were sampled with (classifier-free guidance included) instead of the conditional
-    branch."""
-
-    weighting: Literal["exp", "sparse"] = "exp"
-    beta: float = 1.0
-    threshold: float = 0.0
-    guided: bool = False
-
-    def __post_init__(self) -> None:
-        if self.beta <= 0:
-            raise ConfigError(f"train.rwr.beta must be positive, got {self.beta}")
-
-
-@dataclass
-class ReFLConfig:
-    """Options of the ``refl`` loss (reward feedback learning, Xu et al. 2023;
-    ``genalign.trainers.refl``): the grid steps ``min_step .. max_step`` (0 = the noisiest; None:
-    the last) whose one-step x0 prediction is scored; ``guided``: predict with the rollouts'
-    classifier-free guidance instead of the conditional branch; ``objective``: ``"linear"``, the
-    loss ``-scale * reward``, or ``"relu"``, ImageReward's ``scale * ReLU(margin - reward)`` (the
-    official ReFL trains with ``guided: false``, ``objective: relu``, ``margin: 2`` and
-    ``scale: 1e-3``, its ``grad_scale``)."""
-
-    min_step: int = 0
-    max_step: int | None = None
-    guided: bool = True
-    scale: float = 1.0
-    objective: Literal["linear", "relu"] = "linear"
-    margin: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.min_step < 0:
-            raise ConfigError(f"train.refl.min_step must be >= 0, got {self.min_step}")
-        if self.max_step is not None and self.max_step < self.min_step:
-            raise ConfigError(
-                f"train.refl.max_step {self.max_step} must be >= train.refl.min_step {self.min_step}"
-            )
-        if self.scale <= 0:
-            raise ConfigError(f"train.refl.scale must be positive, got {self.scale}")
-
-
-@dataclass
-class SolRLConfig:
-    """Options of the ``sol_rl`` rollout strategy (Sol-RL, 2025; ``genalign.trainers.sol_rl``).
-
-    Per prompt, ``pool_size`` candidates are drawn with the denoiser in ``preview_precision`` and
-    ``preview_steps`` sampling steps (0: no preview stage, the pool is drawn at training precision
-    and steps and selected directly: the "naive scaling" baseline), scored, and ``selection``
-    keeps ``keep_top`` best and ``keep_bottom`` worst (``best_worst``), ``keep_top + keep_bottom``
-    at random (``random``) or the whole pool (``all``); the kept ones are regenerated from the same
-    seeds and initial noise at training precision with the training sampler and step count.
-    ``skip_modules`` / ``min_dim``: linear layers kept in high precision (Sol-RL's
-    ``nvfp4_skip_modules`` / ``nvfp4_min_dim``). ``preview_batch_size``: candidates per rollout
-    call (None: all of this process's at once).
-    """
-
-    pool_size: int = 96
-    keep_top: int = 12
-    keep_bottom: int = 12
-    preview_steps: int = 6
-    preview_precision: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4_simulated", "int8"] = "nvfp4"
-    selection: Literal["best_worst", "random", "all"] = "best_worst"
-    skip_modules: list[str] = field(default_factory=list)
-    min_dim: int = 0
-    preview_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.pool_size <= 0:
-            raise ConfigError(f"train.sol_rl.pool_size must be positive, got {self.pool_size}")
-        if self.keep_top < 0 or self.keep_bottom < 0 or self.keep_top + self.keep_bottom == 0:
-            raise ConfigError(
-                f"train.sol_rl.keep_top / keep_bottom must be >= 0 and not both 0, got {self.keep_top} / {self.keep_bottom}"
-            )
-        if self.keep_top + self.keep_bottom > self.pool_size:
-            raise ConfigError(
-                f"train.sol_rl.keep_top + keep_bottom ({self.keep_top + self.keep_bottom}) exceeds "
-                f"train.sol_rl.pool_size {self.pool_size}"
-            )
-        if self.preview_steps < 0 or self.min_dim < 0:
-            raise ConfigError(
-                f"train.sol_rl.preview_steps and train.sol_rl.min_dim must be >= 0, got {self.preview_steps}, {self.min_dim}"
-            )
-        if self.preview_batch_size is not None and self.preview_batch_size <= 0:
-            raise ConfigError(
-                f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}"
-            )
-
-    @property
-    def kept_per_prompt(self) -> int:
-        return self.pool_size if self.selection == "all" else self.keep_top + self.keep_bottom
-
-
-@dataclass
-class TrainConfig:
-    """The RL algorithm and optimiser.
-
-    Batch arithmetic: each step draws ``prompts_per_step`` prompts and ``group_size`` samples for
-    each, so ``batch_size = prompts_per_step * group_size`` samples (across all processes). Each
-    inner epoch goes over them in minibatches of ``minibatch_size`` samples and, for each, over
-    ``timestep_fraction`` of the stochastic steps; one optimiser step per
-    ``gradient_accumulation_steps`` minibatches.
-
-    Learning rate: ``lr_warmup_steps`` of linear warm-up, then ``lr_schedule`` "constant" or
-    "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
-    steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
-
-    Which steps: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic steps, floored
-    as DDPO and Flow-GRPO do; ``timestep_order`` "random" trains a random subset per sample
-    (DDPO), "first" the first k in sampling order for every sample (Flow-GRPO).
-
-    KL penalty of the ``ppo_clip`` loss (``kl_coef > 0``): ``kl_coef * ||mu_theta - mu_ref||^2 /
-    (2 s^2)`` per trained step. ``kl_convention`` "official" takes Flow-GRPO's ``s``
-    (flow_grpo's ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without
-    the step's ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's
-    own std, the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the
-    flow SDE. They agree for flow CPS, DDIM (sd) and consistency steps. ``kl_reduction`` (sum or
-    mean over latent elements) is independent of it.
-
-    ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
-    equal) leave the update, and each minibatch's loss is the mean over its kept samples
-    (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
-    logged either way.
-    """
-
-    method: Literal[
-        "ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl"
-    ] = "grpo"
-    strategy: str = "groups"
-    loss: str = "ppo_clip"
-    num_steps: int = 10
-    prompts_per_step: int = 2
-    group_size: int = 4
-    batch_size: int | None = None  # alternative to prompts_per_step: samples per step
-    minibatch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    inner_epochs: int = 1
-    timestep_fraction: float = 1.0
-    timestep_order: Literal["random", "first"] = "random"
-    learning_rate: float = 3e-4
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_weight_decay: float = 1e-4
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_schedule: Literal["constant", "linear"] = "constant"
-    lr_decay_steps: int | None = None
-    clip_range: float = 1e-4
-    ratio_reduction: Literal["sum", "mean"] = "mean"
-    advantage: Literal["group", "tracker", "batch"] = "group"
-    advantage_std: Literal["group", "global", "none"] = "group"
-    tracker_buffer_size: int = 32
-    tracker_min_count: int = 16
-    advantage_clip: float = 5.0
-    drop_zero_advantage: bool = False
-    kl_coef: float = 0.0
-    kl_reduction: Literal["sum", "mean"] = "mean"
-    kl_convention: Literal["official", "exact"] = "official"
-    ema_decay: float | None = None
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    seed: int = 0
-    # shard the denoiser with FSDP2 over the processes (also on with accelerate's FSDP config);
-    # fsdp_wrap: block class names made FSDP units (empty: genalign's default list)
-    fsdp: bool = False
-    fsdp_wrap: list[str] = field(default_factory=list)
-    b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)  # strategy "b2diffurl"
-    nft: NFTConfig = field(default_factory=NFTConfig)  # loss "nft"
-    rwr: RWRConfig = field(default_factory=RWRConfig)  # loss "rwr"
-    refl: ReFLConfig = field(default_factory=ReFLConfig)  # loss "refl"
-    sol_rl: SolRLConfig = field(default_factory=SolRLConfig)  # strategy "sol_rl"
-
-    def __post_init__(self) -> None:
-        if self.batch_size is not None:
-            if self.group_size <= 0 or self.batch_size % self.group_size != 0:
-                raise ConfigError(
-                    f"train.group_size {self.group_size} does not divide train.batch_size {self.batch_size}: "
-                    f"a batch must hold whole prompt groups"
-                )
-            self.prompts_per_step = self.batch_size // self.group_size
-        for key in (
-            "num_steps",
-            "prompts_per_step",
-            "group_size",
-            "minibatch_size",
-            "gradient_accumulation_steps",
-            "inner_epochs",
-        ):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
-        if not 0.0 < self.timestep_fraction <= 1.0:
-            raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
-        # b2diffurl compares branches, not prompt groups: one sample per prompt is its usual setting
-        grouped = self.strategy != "b2diffurl"
-        if grouped and self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
-            raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
-        if self.samples_per_step % self.minibatch_size != 0:
-            raise ConfigError(
-                f"train.minibatch_size {self.minibatch_size} does not divide the batch size "
-                f"{self.samples_per_step} (= prompts_per_step {self.prompts_per_step} x group_size {self.group_size})"
-            )
-        if self.kl_coef < 0:
-            raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
-            raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
-        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
-            raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
-        if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
-            raise ConfigError(
-                f"train.group_size {self.group_size} must equal the samples sol_rl keeps per prompt "
-                f"({self.sol_rl.kept_per_prompt}: train.sol_rl.keep_top + keep_bottom, or pool_size for selection=all)"
-            )
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.prompts_per_step * self.group_size
-
-    @property
-    def planned_optimizer_steps(self) -> int:
-        """Optimiser steps of the run when every sample of every step is trained on (the groups
-        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
-        minibatches = -(-self.samples_per_step // self.minibatch_size)
-        return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
-
-    def learning_rate_factor(self, optimizer_steps: int) -> float:
-        """The factor of ``learning_rate`` after ``optimizer_steps`` steps (warm-up and schedule)."""
-        return learning_rate_factor(
-            optimizer_steps,
-            self.lr_warmup_steps,
-            self.lr_schedule,
-            self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
-        )
-
-
-@dataclass
 class LoggingConfig:
+    """``logging``: where a run writes and what it records.
+
+    * ``run_dir``: the run folder; ``{name}`` is the recipe's name.
+    * ``trackers``: accelerate trackers that receive the numeric metrics ("wandb", "tensorboard").
+    * ``sample_every``: write a sample grid every N steps (0: never).
+    * ``checkpoint_every``: write a checkpoint every N steps (0: only at the end and on SIGTERM /
+      Ctrl-C / a failed step); 10 by default so a crash the trainer cannot catch (kill -9, power)
+      loses at most 10 steps. ``keep_last``: checkpoints kept (at least the one a resume needs).
+    * ``resume``: "latest" or a checkpoint folder (None: a fresh run).
+    * ``overwrite``: a fresh run (no resume) into a folder holding another run's checkpoints or
+      metrics refuses; true deletes that run's outputs first
+      (:data:`genalign.trainers.run_folder.RUN_OUTPUTS`).
+    * ``progress``: show a progress bar.
+    * ``param_change``: log each step's parameter change (``param_change``, ``param_change_rel``);
+      keeps one copy of the trainable parameters during the update: turn off for a full
+      fine-tune that cannot afford it.
+    """
+
     run_dir: str = "runs/{name}"
     trackers: list[Literal["wandb", "tensorboard"]] = field(default_factory=list)
-    sample_every: int = 0  # write a sample grid every N steps (0: never)
-    # write a checkpoint every N steps (0: only at the end and on SIGTERM / Ctrl-C / a failed step);
-    # 10 by default so a crash the trainer cannot catch (kill -9, power) loses at most 10 steps
+    sample_every: int = 0
     checkpoint_every: int = 10
     keep_last: int = 2
-    resume: str | None = None  # "latest" or a checkpoint folder
-    # a fresh run (no resume) into a folder holding another run's checkpoints or metrics refuses;
-    # overwrite=true deletes that run's outputs first (genalign.trainers.run_folder.RUN_OUTPUTS)
+    resume: str | None = None
     overwrite: bool = False
     progress: bool = True
-    # log each step's parameter change (param_change, param_change_rel); keeps one copy of the
-    # trainable parameters during the update: turn off for a full fine-tune that cannot afford it
     param_change: bool = True
 
     def __post_init__(self) -> None:
@@ -478,6 +183,11 @@ class LoggingConfig:
 
 @dataclass
 class RecipeConfig:
+    """A training recipe: ``name`` (the run's name, ``{name}`` in ``logging.run_dir``) and the
+    sections ``model``, ``sampling``, ``reward``, ``prompts``, ``train`` and ``logging``.
+    ``__post_init__`` holds the checks across sections (a method's family and loss, options of one
+    family set for another, B2-DiffuRL's window against the sampling steps)."""
+
     name: str = "run"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="?"))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -6,7 +6,8 @@ as the latest checkpoint (issue 23). Three guards stop it at each stage:
 
 1. :func:`skip_nonfinite_rewards`: a step whose global rewards hold a NaN or an infinity is
    skipped before advantages (or a strategy's history, e.g. DDPO's stat tracker) see them;
-   every strategy calls it, and the trainer calls it again for strategies that do not.
+   :meth:`RolloutStrategy.collect <genalign.trainers.strategies.base.RolloutStrategy.collect>`
+   calls it between every strategy's sampling and its advantages.
 2. :func:`gradients_are_finite`: an optimizer step whose gradient norm is not finite (a NaN or
    infinite loss) is not applied.
 3. :func:`nonfinite_tensors`: a checkpoint is never written from non-finite weights

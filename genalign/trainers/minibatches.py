@@ -16,15 +16,26 @@ gradients are summed across processes).
   kept), sizes differing by at most one, each normalised by its own size. flow_grpo instead
   re-admits random zero-advantage samples until the kept count divides the number of minibatches
   (per process); the kept samples' weights are the same up to that padding.
+
+:func:`epoch_passes` is the generator the trainer's update loop reads: for one inner epoch it
+draws the permutation and the step indices each sample trains on, splits the permutation into
+minibatches and yields this process's part of each (its local rows, their loss share, and under
+FSDP a zero-weighted dummy pass when it holds none of the minibatch's samples), so the update
+loop holds no bookkeeping.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["Minibatch", "epoch_minibatches"]
+from genalign.algorithms import select_timesteps_per_sample
+from genalign.trainers.strategies.base import step_generator
+
+__all__ = ["Minibatch", "MinibatchPass", "epoch_minibatches", "epoch_passes", "nonzero_advantages"]
 
 
 @dataclass
@@ -61,3 +72,91 @@ def epoch_minibatches(
         return []
     chunks = torch.tensor_split(members, min(num_minibatches, members.numel()))
     return [Minibatch(chunk, chunk.numel()) for chunk in chunks]
+
+
+@dataclass
+class MinibatchPass:
+    """This process's part of one minibatch of an inner epoch.
+
+    Attributes:
+        rows: local rows of the step's trajectory to run (empty: nothing to run here).
+        step_indices: LongTensor ``[len(rows), K]``: row ``i`` trains on ``step_indices[i, k]`` at
+            inner iteration ``k``.
+        share: the weight of this process's summed per-sample losses, ``len(local) / normaliser``
+            (times the process count under FSDP, which averages gradients over processes).
+        dummy: a zero-weighted pass on one of this process's own samples: under FSDP every
+            process must run the same passes, also one holding no sample of the minibatch.
+        optimizer_step: an optimiser step follows this minibatch (every
+            ``gradient_accumulation_steps`` minibatches, and after the epoch's last one).
+    """
+
+    rows: list[int]
+    step_indices: torch.Tensor
+    share: float
+    dummy: bool
+    optimizer_step: bool
+
+
+def nonzero_advantages(
+    global_index: torch.Tensor,
+    advantages: torch.Tensor,
+    global_size: int,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device | str,
+) -> torch.Tensor:
+    """bool ``[B_global]``: whose advantage is not exactly 0, gathered from every process
+    (``global_index`` / ``advantages``: this process's ``[B_local]`` positions and advantages)."""
+    index = gather(global_index.to(device).long()).cpu()
+    nonzero = gather((advantages != 0).to(device).long()).cpu()
+    kept = torch.zeros(global_size, dtype=torch.bool)
+    kept[index] = nonzero.bool()
+    return kept
+
+
+def epoch_passes(
+    train: Any,
+    step: int,
+    epoch: int,
+    global_index: torch.Tensor,
+    global_size: int,
+    trainable_steps: torch.Tensor,
+    kept: torch.Tensor,
+    sharded_over: int = 0,
+) -> Iterator[MinibatchPass]:
+    """This process's passes of inner epoch ``epoch`` of training step ``step``.
+
+    Args:
+        train: the :class:`~genalign.trainers.config.TrainConfig` (seed, minibatch size,
+            ``timestep_fraction`` / ``timestep_order``, ``drop_zero_advantage``, accumulation).
+        global_index: ``[B_local]`` global position of each local sample.
+        global_size: samples in the step's global batch.
+        trainable_steps: LongTensor ``[T']`` of the step indices the update may train on.
+        kept: bool ``[B_global]`` (:func:`nonzero_advantages`), used under ``drop_zero_advantage``.
+        sharded_over: the process count when the denoiser is FSDP-sharded, 0 otherwise.
+    """
+    generator = step_generator(train.seed, step, epoch)
+    permutation = torch.randperm(global_size, generator=generator)
+    chosen = select_timesteps_per_sample(
+        global_size, trainable_steps.numel(), train.timestep_fraction, generator, train.timestep_order
+    )
+    step_indices = trainable_steps[chosen]  # (B_global, K) actual step indices
+    minibatches = epoch_minibatches(
+        permutation, train.minibatch_size, kept if train.drop_zero_advantage else None
+    )
+    local_position = {int(g): i for i, g in enumerate(global_index.tolist())}
+    accumulation = train.gradient_accumulation_steps
+    for m, minibatch in enumerate(minibatches):
+        members = [int(g) for g in minibatch.members.tolist() if int(g) in local_position]
+        share = len(members) / minibatch.normaliser
+        dummy = not members and bool(sharded_over)
+        if dummy:
+            members = [int(global_index[0])]
+        if sharded_over:
+            share *= sharded_over  # FSDP averages over processes
+        yield MinibatchPass(
+            rows=[local_position[g] for g in members],
+            step_indices=step_indices[torch.tensor(members, dtype=torch.long)],
+            share=share,
+            dummy=dummy,
+            optimizer_step=(m + 1) % accumulation == 0 or m == len(minibatches) - 1,
+        )

@@ -1,20 +1,26 @@
 """The training loop: rollout -> reward -> advantages -> inner epochs of PPO-style updates.
 
 ``Trainer(policy, reward, strategy, loss, config)`` composes the four parts of DESIGN.md; the
-recipes (DDPO, GRPO, Flow-GRPO, RLCM) are choices of them made in YAML (``configs/``).
+recipes (DDPO, GRPO, Flow-GRPO, RLCM, B2-DiffuRL, DiffusionNFT, Sol-RL, RWR, ReFL) are choices of
+them made in YAML (``configs/``). The strategy sees a
+:class:`~genalign.trainers.strategies.base.RolloutContext`, not the trainer; the loss's hooks are
+declared on :class:`~genalign.trainers.losses.base.PolicyLoss`.
 
 Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
 
-1. the strategy draws the step's global batch, rolls out this process's share in the training
-   precision context (:meth:`Trainer.precision`) and scores it;
-2. a non-finite reward (NaN, +-inf) skips the step (logged and counted, nothing applied;
-   :mod:`genalign.trainers.guards`);
-3. for each inner epoch, the global batch is permuted (zero-advantage samples left out under
-   ``drop_zero_advantage``) and each sample gets ``timestep_fraction`` of its stochastic steps
-   (a random subset, or the first ones: ``timestep_order``); every minibatch
-   (:mod:`genalign.trainers.minibatches`) accumulates gradients over those steps, and every
-   ``gradient_accumulation_steps`` minibatches the optimiser steps (not when the gradient is
-   not finite: the step's ``nonfinite_grad_steps`` counts those);
+1. collect: the loss's ``begin_step`` hook; then, in the loss's ``rollout_policy`` (DiffusionNFT:
+   the old policy), the strategy draws the step's global batch, rolls out this process's share in
+   the training precision context (:meth:`Trainer.precision`) and scores it; a non-finite reward
+   (NaN, +-inf) skips the step before any advantage or history sees it (logged and counted,
+   nothing applied; :mod:`genalign.trainers.guards`); otherwise the strategy's advantages;
+2. reward metrics: reward statistics, monitors, the strategy's own report, within-group spread;
+3. update: for each inner epoch, :func:`genalign.trainers.minibatches.epoch_passes` permutes the
+   global batch (zero-advantage samples left out under ``drop_zero_advantage``), gives each
+   sample ``timestep_fraction`` of its trainable steps (a random subset, or the first ones:
+   ``timestep_order``) and yields this process's part of every minibatch, which accumulates
+   gradients over those steps; every ``gradient_accumulation_steps`` minibatches the optimiser
+   steps (not when the gradient is not finite: the step's ``nonfinite_grad_steps`` counts those);
+   then the loss's ``end_step`` hook (DiffusionNFT's old-policy soft update);
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -34,19 +40,19 @@ from typing import Any
 
 import torch
 
-from genalign.algorithms import group_reward_statistics, select_timesteps_per_sample
+from genalign.algorithms import group_reward_statistics
 from genalign.policies import DiffusionPolicy
 from genalign.rewards import Reward
 from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.diagnostics import parameter_change, snapshot
 from genalign.trainers.ema import ParameterEMA
-from genalign.trainers.guards import count_nonfinite, gradients_are_finite, skip_nonfinite_rewards
+from genalign.trainers.guards import count_nonfinite, gradients_are_finite
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
-from genalign.trainers.losses import PolicyLoss
-from genalign.trainers.minibatches import epoch_minibatches
+from genalign.trainers.losses.base import PolicyLoss, as_policy_loss
+from genalign.trainers.minibatches import MinibatchPass, epoch_passes, nonzero_advantages
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
-from genalign.trainers.strategies import RolloutBatch, RolloutStrategy, step_generator
+from genalign.trainers.strategies.base import RolloutBatch, RolloutContext, RolloutStrategy
 from genalign.trainers.trainer_state import resume_trainer, save_trainer
 
 logger = logging.getLogger(__name__)
@@ -138,9 +144,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._last_images: torch.Tensor | None = None
         self._grad_norms: list[float] = []  # this step's gradient norms, one per optimizer step
-        bind = getattr(self.loss, "bind", None)  # a loss that needs the reward itself (ReFL)
-        if bind is not None:
-            bind(self)
+        self._nonfinite_grad_steps = 0  # this step's optimizer steps skipped for a non-finite gradient
+        self.loss.bind(self)  # a loss that needs the reward itself (ReFL)
 
     # ---- distributed helpers -------------------------------------------------------------------
     @property
@@ -182,61 +187,46 @@ class Trainer:
         """
         return self.accelerator.autocast()
 
+    def rollout_context(self) -> RolloutContext:
+        """What the strategy sees of this trainer: policy, reward, prompts, sampling, processes."""
+        return RolloutContext(
+            policy=self.policy,
+            reward=self.reward,
+            prompts=self.prompts,
+            sampling=self.config.sampling,
+            device=self.device,
+            num_processes=self.accelerator.num_processes,
+            local_rows=self.local_rows,
+            gather=self.gather,
+            precision=self.precision,
+        )
+
     def rollout_kwargs(self) -> dict[str, Any]:
-        s = self.config.sampling
-        return {
-            "num_inference_steps": s.num_inference_steps,
-            "guidance_scale": s.guidance_scale,
-            "eta": s.eta,
-            "noise_level": s.noise_level,
-            "mode": s.mode,
-            "height": s.height,
-            "width": s.width,
-            "negative_prompt": s.negative_prompt,
-            "lcm_schedule": s.lcm_schedule,
-            "lcm_final_noise": s.lcm_final_noise,
-        }
+        """The recipe's sampling settings as keyword arguments of ``policy.rollout``."""
+        return self.rollout_context().rollout_kwargs()
+
+    @property
+    def loss(self) -> PolicyLoss:
+        return self._loss
+
+    @loss.setter
+    def loss(self, loss: PolicyLoss | Any) -> None:
+        self._loss = as_policy_loss(loss)  # a plain callable is a loss without hooks
 
     # ---- one step ------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, Any]:
-        """Run training step ``step``; return its metrics."""
-        train = self.config.train
+        """Run training step ``step``: rollout -> reward -> advantages -> update; return its metrics."""
         start = time.perf_counter()
-        self.policy.denoiser.eval()  # no dropout: rollout and re-scoring see the same function
-        # a loss may name the policy rollouts come from (DiffusionNFT samples with its old policy)
-        rollout_policy = getattr(self.loss, "rollout_policy", None)
-        with rollout_policy(self, step) if rollout_policy is not None else contextlib.nullcontext():
-            batch = self.strategy.collect(self, step)
-        self._last_images = batch.trajectory.images
-        rollout_seconds = time.perf_counter() - start
+        batch = self.collect(step)  # rollouts, rewards and advantages: the strategy's
         metrics = self._reward_metrics(step, batch)
-        metrics["time_rollout"] = rollout_seconds
+        metrics["time_rollout"] = time.perf_counter() - start
         metrics.update(self._monitor_metrics(batch))
-        metrics.update(getattr(batch, "metrics", {}))  # a strategy's own report (Sol-RL fidelity, timings)
-        if not batch.skipped:  # a strategy that does not check its rewards itself
-            skip_nonfinite_rewards(batch)
-        if batch.skipped:
+        metrics.update(batch.metrics)  # a strategy's own report (Sol-RL fidelity, timings)
+        if batch.skipped:  # e.g. a non-finite reward: nothing is applied
             logger.warning("step %d skipped: %s", step, batch.reason)
             metrics.update(skipped=True, skip_reason=batch.reason)
             return metrics
-
-        trajectory = batch.trajectory
-        stochastic = trajectory.stochastic_steps()
-        if getattr(self.loss, "forward_process", False):
-            # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
-            # ODE included, and any step's noise level can be trained on
-            stochastic = torch.arange(trajectory.num_steps)
-        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
-        loss_steps = getattr(self.loss, "train_steps", None)
-        windows = [loss_steps(trajectory.num_steps)] if loss_steps is not None else []
-        if batch.train_steps is not None:
-            windows.append(batch.train_steps)
-        for window in windows:
-            stochastic = stochastic[torch.isin(stochastic, window.to(stochastic.device))]
-        if stochastic.numel() == 0:
-            raise ValueError(
-                "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"
-            )
+        trainable_steps = self._trainable_steps(batch)
         if batch.global_group_ids is not None:
             finite = torch.isfinite(batch.global_rewards)
             metrics.update(
@@ -244,56 +234,9 @@ class Trainer:
             )
         # a copy of the trainable weights for the step's param_change (off: logging.param_change)
         before = snapshot(self.parameters) if self.config.logging.param_change else None
-        self._grad_norms = []
-        self._nonfinite_grad_steps = 0
-        global_size = batch.global_batch_size
-        local_position = {int(g): i for i, g in enumerate(batch.global_index.tolist())}
-        kept = self._nonzero_advantages(batch, global_size)  # (B_global,) bool
-        metrics["zero_advantage_fraction"] = int((~kept).sum()) / max(global_size, 1)
-        sums: dict[str, float] = {}
-        counts = 0
         update_start = time.perf_counter()
-        for epoch in range(train.inner_epochs):
-            generator = step_generator(train.seed, step, epoch)
-            permutation = torch.randperm(global_size, generator=generator)
-            chosen = select_timesteps_per_sample(
-                global_size, stochastic.numel(), train.timestep_fraction, generator, train.timestep_order
-            )
-            step_indices = stochastic[chosen]  # (B_global, K) actual step indices
-            minibatches = epoch_minibatches(
-                permutation, train.minibatch_size, kept if train.drop_zero_advantage else None
-            )
-            for m, minibatch in enumerate(minibatches):
-                members = minibatch.members
-                local = [local_position[int(g)] for g in members.tolist() if int(g) in local_position]
-                local_global = [int(g) for g in members.tolist() if int(g) in local_position]
-                # under FSDP every process must run the same passes: one without samples in this
-                # minibatch runs a zero-weighted pass on one of its own samples
-                dummy = not local and self.sharded
-                if local or dummy:
-                    rows = local if local else [0]
-                    columns = local_global if local else [int(batch.global_index[0])]
-                    sub = trajectory.select(rows)
-                    advantages = batch.advantages[torch.tensor(rows)]
-                    share = len(local) / minibatch.normaliser
-                    if self.sharded:
-                        share *= self.accelerator.num_processes  # FSDP averages over processes
-                    for k in range(step_indices.shape[1]):
-                        with self.precision():
-                            loss, info = self.loss(self.policy, sub, step_indices[columns, k], advantages)
-                        scale = share / (step_indices.shape[1] * train.gradient_accumulation_steps)
-                        (loss * scale).backward()
-                        if dummy:
-                            continue
-                        for key, value in info.items():
-                            sums[key] = sums.get(key, 0.0) + float(value)
-                        counts += 1
-                if (m + 1) % train.gradient_accumulation_steps == 0 or m == len(minibatches) - 1:
-                    self._optimizer_step()
-        metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
-        end_step = getattr(self.loss, "end_step", None)  # e.g. DiffusionNFT's old-policy soft update
-        if end_step is not None:
-            metrics.update(end_step(self, step) or {})
+        metrics.update(self.update(step, batch, trainable_steps))
+        metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
@@ -303,13 +246,76 @@ class Trainer:
             metrics.update(parameter_change(before, self.parameters))
         return metrics
 
-    def _nonzero_advantages(self, batch: RolloutBatch, global_size: int) -> torch.Tensor:
-        """bool ``[B_global]``: whose advantage is not exactly 0 (gathered from every process)."""
-        index = self.gather(batch.global_index.to(self.device).long()).cpu()
-        nonzero = self.gather((batch.advantages != 0).to(self.device).long()).cpu()
-        kept = torch.zeros(global_size, dtype=torch.bool)
-        kept[index] = nonzero.bool()
-        return kept
+    def collect(self, step: int) -> RolloutBatch:
+        """The step's rollouts, scored, with advantages (in the loss's rollout policy)."""
+        self.loss.begin_step(step)
+        self.policy.denoiser.eval()  # no dropout: rollout and re-scoring see the same function
+        with self.loss.rollout_policy(self, step):  # DiffusionNFT samples with its old policy
+            batch = self.strategy.collect(self.rollout_context(), step)
+        self._last_images = batch.trajectory.images
+        return batch
+
+    def _trainable_steps(self, batch: RolloutBatch) -> torch.Tensor:
+        """LongTensor of the step indices the update may train on: the stochastic ones (every one
+        for a forward-process loss), within the loss's and the strategy's windows."""
+        trajectory = batch.trajectory
+        if self.loss.forward_process:
+            # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
+            # ODE included, and any step's noise level can be trained on
+            steps = torch.arange(trajectory.num_steps)
+        else:
+            steps = trajectory.stochastic_steps()
+        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
+        for window in (self.loss.train_steps(trajectory.num_steps), batch.train_steps):
+            if window is not None:
+                steps = steps[torch.isin(steps, window.to(steps.device))]
+        if steps.numel() == 0:
+            raise ValueError(
+                "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"
+            )
+        return steps
+
+    def update(self, step: int, batch: RolloutBatch, trainable_steps: torch.Tensor) -> dict[str, Any]:
+        """The inner epochs of minibatch updates on ``batch``; returns the mean loss metrics and the
+        fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`)."""
+        train = self.config.train
+        self._grad_norms = []
+        self._nonfinite_grad_steps = 0
+        global_size = batch.global_batch_size
+        kept = nonzero_advantages(batch.global_index, batch.advantages, global_size, self.gather, self.device)
+        sums: dict[str, float] = {}
+        counts = 0
+        sharded_over = self.accelerator.num_processes if self.sharded else 0
+        for epoch in range(train.inner_epochs):
+            for part in epoch_passes(
+                train, step, epoch, batch.global_index, global_size, trainable_steps, kept, sharded_over
+            ):
+                for info in self._backward(batch, part):
+                    for key, value in info.items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+                    counts += 1
+                if part.optimizer_step:
+                    self._optimizer_step()
+        metrics = {"zero_advantage_fraction": int((~kept).sum()) / max(global_size, 1)}
+        metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
+        return metrics
+
+    def _backward(self, batch: RolloutBatch, part: MinibatchPass) -> list[dict[str, Any]]:
+        """Accumulate the gradients of one minibatch pass; the metrics of its (non-dummy) losses."""
+        if not part.rows:
+            return []
+        sub = batch.trajectory.select(part.rows)
+        advantages = batch.advantages[torch.tensor(part.rows)]
+        inner = part.step_indices.shape[1]
+        scale = part.share / (inner * self.config.train.gradient_accumulation_steps)
+        infos = []
+        for k in range(inner):
+            with self.precision():
+                loss, info = self.loss(self.policy, sub, part.step_indices[:, k], advantages)
+            (loss * scale).backward()
+            if not part.dummy:
+                infos.append(info)
+        return infos
 
     def _optimizer_step(self) -> None:
         train = self.config.train
@@ -322,7 +328,7 @@ class Trainer:
         if not gradients_are_finite(norm):  # a NaN / infinite loss: applying it would poison the weights
             logger.warning("optimizer step skipped: the gradient norm is %s", float(norm))
             self.optimizer.zero_grad(set_to_none=True)
-            self._nonfinite_grad_steps = getattr(self, "_nonfinite_grad_steps", 0) + 1
+            self._nonfinite_grad_steps += 1
             return
         self.optimizer.step()
         self.lr_scheduler.step()

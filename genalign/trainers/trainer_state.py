@@ -69,7 +69,7 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
             f"not saving a checkpoint at step {trainer.step}: {len(poisoned)} trainable tensors hold "
             f"NaN or inf (e.g. {poisoned[0]}); the previous checkpoint stays the latest"
         )
-    loss_state = trainer.loss.state_dict() if hasattr(trainer.loss, "state_dict") else {}
+    loss_state = trainer.loss.state_dict()
     if loss_state:
         tensors["loss"] = loss_state  # e.g. DiffusionNFT's old policy
     optimizer_state = _optimizer_state(trainer)
@@ -125,7 +125,7 @@ def resume_trainer(trainer: Trainer, where: str) -> None:
         trainer.optimizer.load_state_dict(checkpoint.optimizer_state)
     trainer.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
     trainer.strategy.load_state_dict(checkpoint.states.get("strategy", {}))
-    if hasattr(trainer.loss, "load_state_dict") and "loss" in checkpoint.tensors:
+    if "loss" in checkpoint.tensors:
         trainer.loss.load_state_dict(checkpoint.tensors["loss"])
     if trainer.ema is not None and "ema" in checkpoint.states:
         ema_state = dict(checkpoint.states["ema"])

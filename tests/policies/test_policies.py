@@ -192,7 +192,7 @@ def test_bad_input_errors(tmp_path):
     for missing in (tmp_path / "no-such-model", "runs/toy/no-such-run/snapshot", "./toy-sd"):
         with pytest.raises(FileNotFoundError, match="does not exist"):
             load_policy("sd", missing)
-    from genalign.policies.base import looks_like_local_path
+    from genalign.policies.model_folder import looks_like_local_path
 
     assert not looks_like_local_path("stabilityai/sd-turbo")  # a hub id goes to the hub
     policy = SDPolicy.from_pipe(diffusion.sd_pipeline(seed=0), train=False)

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from genalign.config import ConfigError
-from genalign.policies import load_policy
-from genalign.rewards import Reward, RewardOutput
-from genalign.trainers import STRATEGIES, build_trainer, load_recipe
-from genalign.trainers.b2diffurl import (
-    B2DiffuRLStrategy,
+from genalign.algorithms.b2diffurl import (
     PromptRewardHistory,
     branch_advantages,
     select_in_branch_groups,
     split_step_at,
     train_window,
 )
+from genalign.config import ConfigError
+from genalign.policies import load_policy
+from genalign.rewards import Reward, RewardOutput
+from genalign.trainers import STRATEGIES, build_trainer, load_recipe
 from genalign.trainers.checkpoint import flatten_state, unflatten_state
+from genalign.trainers.strategies.b2diffurl import B2DiffuRLStrategy
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny" / "b2diffurl_jpeg.yaml"
@@ -145,7 +145,7 @@ def test_strategy_trains_the_window_of_each_stage(tmp_path):
     strategy = trainer.strategy
     windows = [strategy.split_step(step, 4) for step in range(7)]
     assert windows == [2, 2, 3, 3, 4, 4, 4]
-    batch = strategy.collect(trainer, 2)
+    batch = strategy.collect(trainer.rollout_context(), 2)
     assert batch.train_steps.tolist() == [1, 2, 3]
     assert batch.trajectory.extras["branch_step"] == 1
     assert batch.details["split_step"] == 3 and batch.details["window_start"] == 1
@@ -216,8 +216,8 @@ def test_advantages_in_a_step_follow_the_rule(tmp_path):
         "train.b2diffurl.neg_weight=0.5",
         "train.minibatch_size=3",
     )
-    batch = trainer.strategy.collect(trainer, 0)
-    prompts, _, _, _ = trainer.strategy.global_batch(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    prompts, _, _, _ = trainer.strategy.global_batch(trainer.rollout_context(), 0)
     rewards = batch.global_rewards.double().tolist()
     branch_prompts = [p for p in prompts for _ in range(3)]
     z = []
@@ -247,7 +247,7 @@ def test_first_inner_step_is_on_policy_and_only_window_steps_are_trained(tmp_pat
     trainer = make_trainer(
         tmp_path, *(FLOW if family == "flow" else []), "train.b2diffurl.neg_threshold=-0.3"
     )
-    batch = trainer.strategy.collect(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     trajectory = batch.trajectory
     assert batch.train_steps.tolist() == [2, 3] and trajectory.batch_size > 0
     for index in (2, 3):
@@ -279,7 +279,7 @@ def test_first_inner_step_is_on_policy_and_only_window_steps_are_trained(tmp_pat
 
 def test_sharding_over_two_processes_reproduces_the_one_process_batch(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, "train.prompts_per_step=4", "train.b2diffurl.neg_threshold=-0.3")
-    single = trainer.strategy.collect(trainer, 3)
+    single = trainer.strategy.collect(trainer.rollout_context(), 3)
     selected_prompts = single.trajectory.prompts
     shards = []
     for rank in (0, 1):
@@ -295,7 +295,7 @@ def test_sharding_over_two_processes_reproduces_the_one_process_batch(tmp_path, 
             return single.global_rewards.to(tensor.device)
 
         monkeypatch.setattr(trainer, "gather", gather)
-        shards.append(strategy.collect(trainer, 3))
+        shards.append(strategy.collect(trainer.rollout_context(), 3))
     assert all(s.global_batch_size == single.global_batch_size for s in shards)
     index = torch.cat([s.global_index for s in shards])
     assert sorted(index.tolist()) == list(range(single.global_batch_size))
@@ -311,7 +311,10 @@ def test_chunked_rollouts_give_the_same_batch(tmp_path):
     chunked = make_trainer(
         tmp_path, "train.b2diffurl.neg_threshold=-0.3", "train.b2diffurl.sample_batch_size=1"
     )
-    a, b = whole.strategy.collect(whole, 1), chunked.strategy.collect(chunked, 1)
+    a, b = (
+        whole.strategy.collect(whole.rollout_context(), 1),
+        chunked.strategy.collect(chunked.rollout_context(), 1),
+    )
     torch.testing.assert_close(b.global_rewards, a.global_rewards)
     assert b.global_index.tolist() == a.global_index.tolist() and b.trajectory.prompts == a.trajectory.prompts
     torch.testing.assert_close(b.trajectory.latents, a.trajectory.latents)

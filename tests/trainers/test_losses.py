@@ -111,3 +111,26 @@ def test_conventions_agree_for_cps():
     policy = TwoVelocityPolicy(scheduler, sample, prev_sample, v_theta, v_ref, 0.7, "cps")
     for i in range(NUM_STEPS - 1):  # the CPS step to sigma = 0 is deterministic: no KL there
         assert kl_metric("official", policy, i).item() == kl_metric("exact", policy, i).item()
+
+
+def test_policy_loss_declares_every_hook_with_a_no_op_default():
+    from genalign.trainers.losses import FunctionLoss, PolicyLoss, as_policy_loss
+
+    with pytest.raises(TypeError, match="abstract"):
+        PolicyLoss()
+
+    def plain(policy, trajectory, step_index, advantages):
+        return torch.tensor(2.0), {"policy_loss": torch.tensor(2.0)}
+
+    loss = as_policy_loss(plain)
+    assert isinstance(loss, FunctionLoss) and as_policy_loss(loss) is loss
+    assert loss(None, None, None, None)[0].item() == 2.0
+    loss.bind(SimpleNamespace())
+    loss.begin_step(3)
+    with loss.rollout_policy(SimpleNamespace(), 3):
+        pass
+    assert loss.forward_process is False and loss.train_steps(10) is None
+    assert loss.end_step(SimpleNamespace(), 3) == {} and loss.state_dict() == {}
+    loss.load_state_dict({})
+    ppo = PPOClipLoss(TrainConfig())
+    assert as_policy_loss(ppo) is ppo

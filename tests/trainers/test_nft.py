@@ -8,11 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from genalign.algorithms.nft import nft_loss, nft_old_policy_decay, optimality_probability
 from genalign.config import ConfigError
 from genalign.policies import LoraSpec, load_policy
 from genalign.trainers import LOSSES, load_recipe
-from genalign.trainers.config import NFTConfig, TrainConfig
-from genalign.trainers.nft import NFTLoss, nft_loss, nft_old_policy_decay, optimality_probability
+from genalign.trainers.config import TrainConfig
+from genalign.trainers.losses.nft import NFTLoss
+from genalign.trainers.method_config import NFTConfig
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +77,7 @@ def test_nft_loss_equals_a_hand_computation(adaptive, beta):
         torch.tensor(t, dtype=torch.float64),
         torch.tensor(advantages, dtype=torch.float64),
         beta=beta,
-        adv_clip=5.0,
+        advantage_clip=5.0,
         adaptive_weighting=adaptive,
     )
     expected = hand_nft(v_theta, v_old, x0, eps, t, advantages, beta, 5.0, adaptive)
@@ -391,3 +393,28 @@ def test_trainer_trains_nft_on_ode_rollouts_and_resumes_the_old_policy(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(saved, trainer.loss.old_parameters))
     # the old policy trails the trained weights: 0.002 * old + 0.998 * theta after the last step
     assert any(not torch.equal(a, b) for a, b in zip(trainer.loss.old_parameters, trainer.parameters))
+
+
+def test_the_old_adv_clip_key_fails_naming_advantage_clip(tmp_path):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "nft_jpeg.yaml"
+    with pytest.raises(ConfigError) as error:
+        load_recipe(recipe, [f"logging.run_dir={tmp_path}/run", "train.nft.adv_clip=3.0"])
+    assert str(error.value) == "config key train.nft.adv_clip was renamed: use train.nft.advantage_clip"
+    config = load_recipe(recipe, [f"logging.run_dir={tmp_path}/run", "train.nft.advantage_clip=3.0"])
+    assert config.train.nft.advantage_clip == 3.0
+
+
+def test_the_noise_is_keyed_by_the_step_begin_step_names(policy):
+    """The training step in the noise key comes from ``begin_step`` alone, not from the rollout hook."""
+    loss_fn = NFTLoss(TrainConfig(group_size=2, minibatch_size=2))
+    trajectory = SimpleNamespace(seeds=torch.tensor([3, 4]))
+    step_index, like = torch.tensor([0, 1]), torch.zeros(2, 4, 2, 2)
+    loss_fn.begin_step(1)
+    at_one = loss_fn.noise(trajectory, step_index, like)
+    with loss_fn.rollout_policy(SimpleNamespace(policy=policy), step=7):
+        pass
+    assert torch.equal(loss_fn.noise(trajectory, step_index, like), at_one)
+    loss_fn.begin_step(2)
+    assert not torch.equal(loss_fn.noise(trajectory, step_index, like), at_one)

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.algorithms.refl import refl_objective
 from genalign.config import ConfigError
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.trainers import LOSSES, build_trainer, load_recipe
-from genalign.trainers.config import ReFLConfig, TrainConfig
-from genalign.trainers.refl import ReFLLoss, refl_objective
+from genalign.trainers.config import TrainConfig
+from genalign.trainers.losses.refl import ReFLLoss
+from genalign.trainers.method_config import ReFLConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

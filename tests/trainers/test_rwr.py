@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.algorithms.rwr import rwr_weights
 from genalign.config import ConfigError
 from genalign.trainers import LOSSES, build_trainer, load_recipe
-from genalign.trainers.config import RWRConfig, TrainConfig
+from genalign.trainers.config import TrainConfig
 from genalign.trainers.losses import conditional_settings, seeded_noise
-from genalign.trainers.rwr import RWRLoss, rwr_weights
+from genalign.trainers.losses.rwr import RWRLoss
+from genalign.trainers.method_config import RWRConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
 from genalign.config import ConfigError
 from genalign.trainers import STRATEGIES, build_trainer, load_recipe
-from genalign.trainers.config import SolRLConfig
-from genalign.trainers.sol_rl import ranking_fidelity, select_candidates
+from genalign.trainers.method_config import SolRLConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,10 +90,10 @@ def test_regeneration_uses_the_selected_candidates_seeds_and_initial_noise(tmp_p
     calls = record_rollouts(trainer, monkeypatch)
     strategy = trainer.strategy
     with trainer.loss.rollout_policy(trainer, 0):
-        batch = strategy.collect(trainer, step=0)
+        batch = strategy.collect(trainer.rollout_context(), step=0)
     preview, regenerated = calls
     assert preview.settings.num_inference_steps == 2 and regenerated.settings.num_inference_steps == 4
-    prompts, pool_seeds = strategy.global_pool(trainer, 0)
+    prompts, pool_seeds = strategy.global_pool(trainer.rollout_context(), 0)
     assert torch.equal(preview.seeds, pool_seeds)
     # the preview ranking decides which candidates come back: best 2 then worst 2 per prompt
     preview_rewards = trainer.reward(preview.images, preview.prompts).scores.reshape(2, 8)
@@ -114,15 +114,15 @@ def test_regeneration_uses_the_selected_candidates_seeds_and_initial_noise(tmp_p
         assert key in batch.metrics
     assert batch.metrics["sol_preview_simulated"] == 0.0
     # the global batch is a pure function of (seed, step)
-    again_prompts, again_seeds = strategy.global_pool(trainer, 0)
+    again_prompts, again_seeds = strategy.global_pool(trainer.rollout_context(), 0)
     assert again_prompts == prompts and torch.equal(again_seeds, pool_seeds)
-    assert not torch.equal(strategy.global_pool(trainer, 1)[1], pool_seeds)
+    assert not torch.equal(strategy.global_pool(trainer.rollout_context(), 1)[1], pool_seeds)
 
 
 def test_naive_scaling_trains_on_the_selected_pool_samples(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path, "train.sol_rl.preview_steps=0")
     calls = record_rollouts(trainer, monkeypatch)
-    batch = trainer.strategy.collect(trainer, step=0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), step=0)
     (pool,) = calls  # no regeneration
     assert pool.settings.num_inference_steps == 4
     rewards = trainer.reward(pool.images, pool.prompts).scores.reshape(2, 8)

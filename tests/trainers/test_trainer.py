@@ -47,7 +47,7 @@ def params(trainer) -> dict[str, torch.Tensor]:
 
 def test_first_inner_step_is_on_policy(tmp_path):
     trainer = make_trainer(tmp_path)
-    batch = trainer.strategy.collect(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     trajectory = batch.trajectory
     for index in trajectory.stochastic_steps().tolist():
         out = trainer.policy.step(trajectory, index)
@@ -63,7 +63,7 @@ def test_update_moves_log_prob_with_the_sign_of_the_advantage(tmp_path, sign):
     trainer = make_trainer(
         tmp_path, "train.ratio_reduction=sum", "train.clip_range=0.9", "train.learning_rate=1e-3"
     )
-    trajectory = trainer.strategy.collect(trainer, 0).trajectory.select([0])
+    trajectory = trainer.strategy.collect(trainer.rollout_context(), 0).trajectory.select([0])
     step = torch.tensor([1])
     # LoRA's B starts at zero, so A has no gradient until B moves: two updates reach every factor.
     for _ in range(2):
@@ -94,7 +94,7 @@ def test_every_trainable_parameter_changes_and_frozen_ones_do_not(tmp_path):
 
 def test_group_advantages_in_a_step_equal_a_hand_computation(tmp_path):
     trainer = make_trainer(tmp_path, "train.advantage=group", "train.advantage_std=group")
-    batch = trainer.strategy.collect(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     r = batch.global_rewards.double()
     expected = []
     for g in range(2):

@@ -107,7 +107,7 @@ def test_rollout_and_rescoring_share_the_precision_context_under_bf16(tmp_path, 
     """Under CPU bf16 autocast the stored log-probs are recomputed bit for bit, in any sub-batch."""
     trainer = make_trainer(tmp_path, recipe, *ON_POLICY)
     assert trainer.accelerator.mixed_precision == "bf16"
-    trajectory = trainer.strategy.collect(trainer, 0).trajectory
+    trajectory = trainer.strategy.collect(trainer.rollout_context(), 0).trajectory
     steps = trajectory.stochastic_steps().tolist()
     assert steps
     rows = [1, 2]
@@ -146,7 +146,7 @@ def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, re
 @pytest.mark.usefixtures("fresh_accelerator_state")
 def test_every_strategy_rolls_out_in_the_update_precision(tmp_path, recipe, overrides):
     trainer = make_trainer(tmp_path, recipe, "train.mixed_precision=bf16", *overrides)
-    trajectory = trainer.strategy.collect(trainer, 0).trajectory
+    trajectory = trainer.strategy.collect(trainer.rollout_context(), 0).trajectory
     assert trajectory.stochastic_steps().numel() > 0
     for index in trajectory.stochastic_steps().tolist():
         with torch.no_grad(), trainer.precision():
@@ -196,7 +196,7 @@ ZERO_ADVANTAGE = [
 def test_zero_advantage_samples_leave_the_loss_and_the_kept_ones_are_averaged(tmp_path):
     trainer = make_trainer(tmp_path, "flow_grpo_jpeg.yaml", *ZERO_ADVANTAGE, "train.drop_zero_advantage=true")
     trainer.reward = FirstGroupTiedReward(group_size=2)
-    batch = trainer.strategy.collect(trainer, 0)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     trainer.strategy.collect = lambda trainer, step: batch  # train on exactly this batch
     grads, metrics = captured_gradients(trainer)
     kept = [i for i in range(6) if batch.advantages[i] != 0]

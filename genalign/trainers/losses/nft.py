@@ -1,5 +1,8 @@
 """DiffusionNFT: online diffusion RL on the forward process (Zheng et al. 2025, arXiv:2509.16117).
 
+The loss kernel and the old-policy schedule are pure functions in :mod:`genalign.algorithms.nft`;
+this module is the trainer's loss: the old policy, the seeded noise and the policy's forward process.
+
 Instead of likelihoods of reverse steps, DiffusionNFT trains with the flow-matching objective on
 the clean samples of the rollouts. With x_0 a sample, eps ~ N(0, I) and t in (0, 1]:
 
@@ -58,14 +61,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from genalign.algorithms.nft import nft_loss_in_x0, nft_old_policy_decay
 from genalign.trainers.config import NFT_FAMILIES
-from genalign.trainers.losses import (
-    LOSSES,
-    PolicyLoss,
-    conditional_settings,
-    reference_output_kl,
-    seeded_noise,
-)
+from genalign.trainers.losses.base import LOSSES, PolicyLoss
+from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
 
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy, Trajectory
@@ -73,126 +72,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NFTLoss", "nft_loss", "nft_loss_in_x0", "nft_old_policy_decay", "optimality_probability"]
-
-
-def optimality_probability(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
-    """r = clip(A, -c, c) / (2c) + 1/2, in [0, 1] (DiffusionNFT eq. 8)."""
-    if adv_clip <= 0:
-        raise ValueError(f"adv_clip must be positive, got {adv_clip}")
-    return advantages.clamp(-adv_clip, adv_clip) / (2 * adv_clip) + 0.5
-
-
-def nft_old_policy_decay(
-    optimizer_steps: int, rate: float = 0.001, maximum: float = 0.5, flat: int = 0
-) -> float:
-    """eta_i of the old policy's soft update: 0 for i < flat, then min(rate * (i - flat), maximum)."""
-    if optimizer_steps < flat:
-        return 0.0
-    return min(rate * (optimizer_steps - flat), maximum)
-
-
-def nft_loss(
-    v_theta: torch.Tensor,
-    v_old: torch.Tensor,
-    x0: torch.Tensor,
-    x_t: torch.Tensor,
-    t: torch.Tensor,
-    advantages: torch.Tensor,
-    beta: float = 1.0,
-    adv_clip: float = 5.0,
-    adaptive_weighting: bool = True,
-    weight_min: float = 1e-5,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-sample DiffusionNFT loss ``[B]`` for a rectified flow (eq. 8 with the official adaptive
-    weighting and c / beta).
-
-    Args:
-        v_theta: ``[B, ...]`` velocity of the trained policy at (x_t, t) (with gradients).
-        v_old: ``[B, ...]`` velocity of the old policy (no gradients needed; detached here).
-        x0: ``[B, ...]`` clean samples; x_t: ``[B, ...]`` = (1 - t) x0 + t eps.
-        t: ``[B]`` noise levels in (0, 1].
-        advantages: ``[B]`` group advantages.
-        adaptive_weighting: divide each x0-space squared error by its stop-gradient mean absolute
-            error (the official code); False gives the plain velocity losses of eq. 8.
-    """
-    t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
-    v_old = v_old.detach()
-    return nft_loss_in_x0(
-        v_theta,
-        v_old,
-        (x_t - x0) / t_b,  # v* = eps - x0
-        x_t - t_b * v_theta,
-        x_t - t_b * v_old,
-        x0,
-        advantages,
-        beta=beta,
-        adv_clip=adv_clip,
-        adaptive_weighting=adaptive_weighting,
-        weight_min=weight_min,
-    )
-
-
-def nft_loss_in_x0(
-    out_theta: torch.Tensor,
-    out_old: torch.Tensor,
-    target: torch.Tensor,
-    x0_theta: torch.Tensor,
-    x0_old: torch.Tensor,
-    x0: torch.Tensor,
-    advantages: torch.Tensor,
-    beta: float = 1.0,
-    adv_clip: float = 5.0,
-    adaptive_weighting: bool = True,
-    weight_min: float = 1e-5,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-sample DiffusionNFT loss ``[B]`` in any parameterisation (module docstring).
-
-    ``out_theta`` / ``out_old``: the trained and the old denoiser's outputs at x_t; ``target``:
-    what the denoiser regresses there; ``x0_theta`` / ``x0_old``: the one-step x0 predictions
-    those outputs imply, which must be affine in the output (true of every diffusion and flow
-    parameterisation), so that the implicit policies' predictions are the same mixtures (eq. 7).
-    """
-    if beta <= 0:
-        raise ValueError(f"beta must be positive, got {beta}")
-    out_old, x0_old = out_old.detach(), x0_old.detach()
-    dims = tuple(range(1, x0.ndim))
-    r = optimality_probability(advantages.to(x0.dtype), adv_clip)
-    if adaptive_weighting:
-        x0_positive = beta * x0_theta + (1 - beta) * x0_old  # eq. 7, mapped to x0
-        x0_negative = (1 + beta) * x0_old - beta * x0_theta
-        with torch.no_grad():
-            w_positive = (x0_positive.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
-            w_negative = (x0_negative.double() - x0.double()).abs().mean(dims).clamp(min=weight_min)
-        positive = ((x0_positive - x0) ** 2).mean(dims) / w_positive.to(x0.dtype)
-        negative = ((x0_negative - x0) ** 2).mean(dims) / w_negative.to(x0.dtype)
-    else:
-        out_positive = beta * out_theta + (1 - beta) * out_old  # eq. 7
-        out_negative = (1 + beta) * out_old - beta * out_theta
-        positive = ((out_positive - target) ** 2).mean(dims)
-        negative = ((out_negative - target) ** 2).mean(dims)
-    loss = (r * positive + (1 - r) * negative) * (adv_clip / beta)
-    info = {
-        "nft_positive_loss": positive.detach().mean(),
-        "nft_negative_loss": negative.detach().mean(),
-        "nft_r": r.detach().mean(),
-        "nft_old_deviation": ((out_theta.detach() - out_old) ** 2).mean(),
-    }
-    return loss, info
+__all__ = ["NFTLoss"]
 
 
 @LOSSES.register("nft")
 class NFTLoss(PolicyLoss):
     """DiffusionNFT as a trainer loss (see the module docstring; config ``train.nft``).
 
-    Attributes used by the trainer: ``forward_process = True`` (train on any step of any rollout,
-    ODE included: step indices only choose the noise level t = sigma_i of the sampler's grid, as
-    the official code does), :meth:`rollout_policy` (rollouts from the old policy) and
-    :meth:`end_step` (the old policy's soft update). The old weights are checkpointed through
-    :meth:`state_dict`.
+    Hooks (:class:`~genalign.trainers.losses.base.PolicyLoss`): ``forward_process = True`` (train on
+    any step of any rollout, ODE included: step indices only choose the noise level t = sigma_i of
+    the sampler's grid, as the official code does), :meth:`begin_step` (the training step that keys
+    the noise), :meth:`rollout_policy` (rollouts from the old policy) and :meth:`end_step` (the old
+    policy's soft update). The old weights are checkpointed through :meth:`state_dict`.
 
     The noise eps of a sample is drawn from a generator seeded by (training step, sample seed, step
-    index), so N processes draw what one process would.
+    index), so N processes draw what one process would; the training step is ``current_step``,
+    which only :meth:`begin_step` sets (the trainer calls it first in every step).
     """
 
     forward_process = True
@@ -225,9 +120,12 @@ class NFTLoss(PolicyLoss):
             for parameter, value in zip(parameters, current):
                 parameter.data = value
 
+    def begin_step(self, step: int) -> None:
+        """Key this step's noise by the training step ``step``."""
+        self.current_step = step
+
     def rollout_policy(self, trainer: Trainer, step: int) -> contextlib.AbstractContextManager:
         """The context rollouts run in: the old policy (``nft.rollout_policy = "old"``) or the current one."""
-        self.current_step = step
         self._ensure_old(trainer.policy)  # the first old policy is the initial weights
         if self.nft.rollout_policy == "old":
             return self.old_policy(trainer.policy)
@@ -299,7 +197,7 @@ class NFTLoss(PolicyLoss):
             x0,
             advantages.to(x0.device).float(),
             beta=nft.beta,
-            adv_clip=nft.adv_clip,
+            advantage_clip=nft.advantage_clip,
             adaptive_weighting=nft.adaptive_weighting,
             weight_min=nft.weight_min,
         )

@@ -32,24 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genalign.trainers.losses import LOSSES, PolicyLoss, conditional_settings, reference_output_kl
+from genalign.algorithms.refl import refl_objective
+from genalign.trainers.losses.base import LOSSES, PolicyLoss
+from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl
 
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
 
-__all__ = ["ReFLLoss", "refl_objective"]
-
-
-def refl_objective(
-    scores: torch.Tensor, objective: str = "linear", scale: float = 1.0, margin: float = 2.0
-) -> torch.Tensor:
-    """The ReFL loss of rewards ``scores`` ``[N]``: ``-scale * mean(r)`` (``"linear"``) or
-    ImageReward's ``scale * mean(ReLU(margin - r))`` (``"relu"``)."""
-    if objective == "linear":
-        return -scale * scores.mean()
-    if objective == "relu":
-        return scale * torch.relu(margin - scores).mean()
-    raise ValueError(f"objective must be 'linear' or 'relu', got {objective!r}")
+__all__ = ["ReFLLoss"]
 
 
 @LOSSES.register("refl")

@@ -32,26 +32,11 @@ from typing import Any
 
 import torch
 
-from genalign.trainers.losses import (
-    LOSSES,
-    PolicyLoss,
-    conditional_settings,
-    reference_output_kl,
-    seeded_noise,
-)
+from genalign.algorithms.rwr import rwr_weights
+from genalign.trainers.losses.base import LOSSES, PolicyLoss
+from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
 
-__all__ = ["RWRLoss", "rwr_weights"]
-
-
-def rwr_weights(
-    advantages: torch.Tensor, weighting: str = "exp", beta: float = 1.0, threshold: float = 0.0
-) -> torch.Tensor:
-    """Per-sample RWR weights (DDPO's RWR baselines): ``exp(beta * A)`` or ``1[A >= threshold]``."""
-    if weighting == "exp":
-        return torch.exp(beta * advantages)
-    if weighting == "sparse":
-        return (advantages >= threshold).to(advantages.dtype)
-    raise ValueError(f"unknown RWR weighting {weighting!r}: use 'exp' or 'sparse'")
+__all__ = ["RWRLoss"]
 
 
 @LOSSES.register("rwr")

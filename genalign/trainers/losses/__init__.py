@@ -1,0 +1,29 @@
+"""Losses, one per file: how sampled trajectories and their advantages become gradients.
+
+``LOSSES`` maps the recipe's ``train.loss`` names to the classes: ``ppo_clip``
+(:mod:`.ppo_clip`), ``nft`` (:mod:`.nft`), ``rwr`` (:mod:`.rwr`), ``refl`` (:mod:`.refl`); the
+contract and its hooks are :mod:`.base`; a loss outside genalign is named ``"package.module:Class"``.
+"""
+
+from __future__ import annotations
+
+from genalign.trainers.losses.base import LOSSES, FunctionLoss, PolicyLoss, as_policy_loss
+from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
+from genalign.trainers.losses.nft import NFTLoss
+from genalign.trainers.losses.ppo_clip import PPOClipLoss
+from genalign.trainers.losses.refl import ReFLLoss
+from genalign.trainers.losses.rwr import RWRLoss
+
+__all__ = [
+    "LOSSES",
+    "FunctionLoss",
+    "NFTLoss",
+    "PPOClipLoss",
+    "PolicyLoss",
+    "RWRLoss",
+    "ReFLLoss",
+    "as_policy_loss",
+    "conditional_settings",
+    "reference_output_kl",
+    "seeded_noise",
+]

@@ -1,0 +1,205 @@
+"""Options of the methods that bring their own settings: the ``b2diffurl`` and ``sol_rl``
+strategies and the ``nft``, ``rwr`` and ``refl`` losses (``train.<method>`` in a recipe).
+
+Each schema documents its fields and checks them in ``__post_init__``; checks that need other
+sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConfig` and
+:class:`~genalign.trainers.config.RecipeConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from genalign.config import ConfigError
+
+__all__ = ["B2DiffuRLConfig", "NFTConfig", "ReFLConfig", "RWRConfig", "SolRLConfig"]
+
+
+@dataclass
+class B2DiffuRLConfig:
+    """Options of the ``b2diffurl`` rollout strategy (Hu et al., CVPR 2025, "Towards Better
+    Alignment: Training Diffusion Models with Reinforcement Learning Against Sparse Rewards").
+
+    Backward progressive training: a step trains the window ``[T - split_step, T)`` of the T
+    sampling steps; ``split_step`` rises from ``split_step_start`` to ``split_step_end`` (None:
+    T) by ``split_step_increment``, holding each value for ``stage_steps`` training steps (None:
+    the values are spread evenly over ``train.num_steps``, as the official ``run_process.sh``
+    does). Branch-based sampling: every sample's prefix is drawn once and continued ``branches``
+    times from the window start. Selection: rewards are normalised per prompt against the last
+    ``history_steps`` steps' rewards; in each branch group the best sample is kept if its
+    normalised reward is ``>= pos_threshold`` and the worst if ``< neg_threshold``; their
+    advantages (the normalised rewards clipped to ``train.advantage_clip``) are scaled by
+    ``pos_weight`` (positive) or ``neg_weight`` (otherwise). ``sample_batch_size`` bounds the
+    source samples rolled out in one call (None: all of this process's at once).
+    """
+
+    split_step_start: int = 14
+    split_step_end: int | None = None
+    split_step_increment: int = 1
+    stage_steps: int | None = None
+    branches: int = 5
+    pos_threshold: float = 0.5
+    neg_threshold: float = -0.5
+    pos_weight: float = 1.0
+    neg_weight: float = 1.0
+    history_steps: int = 8
+    sample_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = ["split_step_start", "split_step_increment", "branches"]
+        for key in positive + ["stage_steps", "sample_batch_size", "split_step_end"]:
+            value = getattr(self, key)
+            if (key in positive or value is not None) and value <= 0:
+                raise ConfigError(f"train.b2diffurl.{key} must be positive, got {value}")
+        if self.split_step_end is not None and self.split_step_end < self.split_step_start:
+            raise ConfigError(
+                f"train.b2diffurl.split_step_end {self.split_step_end} is below "
+                f"train.b2diffurl.split_step_start {self.split_step_start}"
+            )
+        if self.neg_threshold > self.pos_threshold:
+            raise ConfigError(
+                f"train.b2diffurl.neg_threshold {self.neg_threshold} exceeds "
+                f"train.b2diffurl.pos_threshold {self.pos_threshold}"
+            )
+        for key in ("pos_weight", "neg_weight", "history_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.b2diffurl.{key} must be >= 0, got {getattr(self, key)}")
+
+
+@dataclass
+class NFTConfig:
+    """Options of the ``nft`` loss (DiffusionNFT, Zheng et al. 2025; ``genalign.trainers.losses.nft``).
+
+    ``beta``: the implicit-policy mixing strength of eq. 7; ``advantage_clip``: c of
+    r = clip(A, -c, c) / (2c) + 1/2; the old (sampling) policy's soft update
+    theta_old <- eta theta_old + (1 - eta) theta uses eta = min(ema_rate * (i - ema_flat), ema_max)
+    after i optimiser steps (the paper's 0.001 / 0.5 / 0); ``rollout_policy``: "old" samples with
+    the old policy as the paper does, "current" with the trained weights; ``adaptive_weighting``:
+    divide each x0-space error by its stop-gradient mean absolute error (official code), clamped at
+    ``weight_min``; ``guided``: train the output the rollouts were sampled with, classifier-free
+    guidance included, instead of the conditional branch alone. The default (False) is the official
+    trainer's: DiffusionNFT is CFG-free (Zheng et al. 2025, Sec. 4), it regresses the conditional
+    velocity, whatever guidance the rollouts used (a guidance scale embedded in the denoiser, as in
+    FLUX.1-dev, stays: it is an input of the conditional model).
+    """
+
+    renamed_keys: ClassVar[dict[str, str]] = {"adv_clip": "advantage_clip"}
+
+    beta: float = 1.0
+    advantage_clip: float = 5.0
+    ema_rate: float = 0.001
+    ema_max: float = 0.5
+    ema_flat: int = 0
+    rollout_policy: Literal["old", "current"] = "old"
+    adaptive_weighting: bool = True
+    weight_min: float = 1e-5
+    guided: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("beta", "advantage_clip", "weight_min"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.nft.{key} must be positive, got {getattr(self, key)}")
+        if self.ema_rate < 0 or self.ema_flat < 0:
+            raise ConfigError(
+                f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}"
+            )
+        if not 0.0 <= self.ema_max < 1.0:
+            raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
+
+
+@dataclass
+class RWRConfig:
+    """Options of the ``rwr`` loss (reward-weighted regression, the baseline of DDPO, Black et al.
+    2023; ``genalign.trainers.losses.rwr``): ``weighting`` "exp" (w = exp(beta * A)) or "sparse"
+    (w = 1[A >= threshold]), A being each sample's advantage; ``guided``: regress the output the
+    rollouts were sampled with (classifier-free guidance included) instead of the conditional
+    branch."""
+
+    weighting: Literal["exp", "sparse"] = "exp"
+    beta: float = 1.0
+    threshold: float = 0.0
+    guided: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ConfigError(f"train.rwr.beta must be positive, got {self.beta}")
+
+
+@dataclass
+class ReFLConfig:
+    """Options of the ``refl`` loss (reward feedback learning, Xu et al. 2023;
+    ``genalign.trainers.losses.refl``): the grid steps ``min_step .. max_step`` (0 = the noisiest; None:
+    the last) whose one-step x0 prediction is scored; ``guided``: predict with the rollouts'
+    classifier-free guidance instead of the conditional branch; ``objective``: ``"linear"``, the
+    loss ``-scale * reward``, or ``"relu"``, ImageReward's ``scale * ReLU(margin - reward)`` (the
+    official ReFL trains with ``guided: false``, ``objective: relu``, ``margin: 2`` and
+    ``scale: 1e-3``, its ``grad_scale``)."""
+
+    min_step: int = 0
+    max_step: int | None = None
+    guided: bool = True
+    scale: float = 1.0
+    objective: Literal["linear", "relu"] = "linear"
+    margin: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.min_step < 0:
+            raise ConfigError(f"train.refl.min_step must be >= 0, got {self.min_step}")
+        if self.max_step is not None and self.max_step < self.min_step:
+            raise ConfigError(
+                f"train.refl.max_step {self.max_step} must be >= train.refl.min_step {self.min_step}"
+            )
+        if self.scale <= 0:
+            raise ConfigError(f"train.refl.scale must be positive, got {self.scale}")
+
+
+@dataclass
+class SolRLConfig:
+    """Options of the ``sol_rl`` rollout strategy (Sol-RL, 2025; ``genalign.trainers.strategies.sol_rl``).
+
+    Per prompt, ``pool_size`` candidates are drawn with the denoiser in ``preview_precision`` and
+    ``preview_steps`` sampling steps (0: no preview stage, the pool is drawn at training precision
+    and steps and selected directly: the "naive scaling" baseline), scored, and ``selection``
+    keeps ``keep_top`` best and ``keep_bottom`` worst (``best_worst``), ``keep_top + keep_bottom``
+    at random (``random``) or the whole pool (``all``); the kept ones are regenerated from the same
+    seeds and initial noise at training precision with the training sampler and step count.
+    ``skip_modules`` / ``min_dim``: linear layers kept in high precision (Sol-RL's
+    ``nvfp4_skip_modules`` / ``nvfp4_min_dim``). ``preview_batch_size``: candidates per rollout
+    call (None: all of this process's at once).
+    """
+
+    pool_size: int = 96
+    keep_top: int = 12
+    keep_bottom: int = 12
+    preview_steps: int = 6
+    preview_precision: Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4_simulated", "int8"] = "nvfp4"
+    selection: Literal["best_worst", "random", "all"] = "best_worst"
+    skip_modules: list[str] = field(default_factory=list)
+    min_dim: int = 0
+    preview_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_size <= 0:
+            raise ConfigError(f"train.sol_rl.pool_size must be positive, got {self.pool_size}")
+        if self.keep_top < 0 or self.keep_bottom < 0 or self.keep_top + self.keep_bottom == 0:
+            raise ConfigError(
+                f"train.sol_rl.keep_top / keep_bottom must be >= 0 and not both 0, got {self.keep_top} / {self.keep_bottom}"
+            )
+        if self.keep_top + self.keep_bottom > self.pool_size:
+            raise ConfigError(
+                f"train.sol_rl.keep_top + keep_bottom ({self.keep_top + self.keep_bottom}) exceeds "
+                f"train.sol_rl.pool_size {self.pool_size}"
+            )
+        if self.preview_steps < 0 or self.min_dim < 0:
+            raise ConfigError(
+                f"train.sol_rl.preview_steps and train.sol_rl.min_dim must be >= 0, got {self.preview_steps}, {self.min_dim}"
+            )
+        if self.preview_batch_size is not None and self.preview_batch_size <= 0:
+            raise ConfigError(
+                f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}"
+            )
+
+    @property
+    def kept_per_prompt(self) -> int:
+        return self.pool_size if self.selection == "all" else self.keep_top + self.keep_bottom

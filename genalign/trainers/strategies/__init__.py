@@ -1,0 +1,32 @@
+"""Rollout strategies, one per file: which trajectories exist in a step and their advantages.
+
+``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
+(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`); a strategy
+outside genalign is named ``"package.module:Class"``.
+"""
+
+from __future__ import annotations
+
+from genalign.trainers.strategies.b2diffurl import B2DiffuRLStrategy
+from genalign.trainers.strategies.base import (
+    STRATEGIES,
+    RolloutBatch,
+    RolloutContext,
+    RolloutStrategy,
+    draw_prompt_groups,
+    step_generator,
+)
+from genalign.trainers.strategies.groups import GroupRolloutStrategy
+from genalign.trainers.strategies.sol_rl import SolRLStrategy
+
+__all__ = [
+    "STRATEGIES",
+    "B2DiffuRLStrategy",
+    "GroupRolloutStrategy",
+    "RolloutBatch",
+    "RolloutContext",
+    "RolloutStrategy",
+    "SolRLStrategy",
+    "draw_prompt_groups",
+    "step_generator",
+]

@@ -1,0 +1,186 @@
+"""What every rollout strategy shares: the rollout context, the batch it returns and the base class.
+
+A strategy decides which trajectories exist in a training step and what their advantages are. It
+returns a :class:`RolloutBatch` holding this process's share of the step's global batch. The
+global batch (prompts, per-sample seeds) is a pure function of ``(seed, step)``, so every process
+agrees on it, a resumed run redraws exactly what the original would have, and N processes together
+produce the same samples as one process with the same global batch.
+
+A strategy sees a :class:`RolloutContext` (policy, reward, prompt pool, sampling settings and the
+process's place in the run), never the trainer.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from genalign.policies import Trajectory
+from genalign.registry import Registry
+from genalign.trainers.guards import skip_nonfinite_rewards
+
+if TYPE_CHECKING:
+    from genalign.policies import DiffusionPolicy
+    from genalign.rewards import Reward
+    from genalign.trainers.config import SamplingConfig
+
+STRATEGIES: Registry[type[RolloutStrategy]] = Registry("rollout strategy")
+
+__all__ = [
+    "STRATEGIES",
+    "RolloutBatch",
+    "RolloutContext",
+    "RolloutStrategy",
+    "draw_prompt_groups",
+    "step_generator",
+]
+
+
+def step_generator(seed: int, *keys: int) -> torch.Generator:
+    """A generator determined by ``seed`` and integer keys (step, epoch, ...)."""
+    value = seed
+    for key in keys:
+        value = (value * 1_000_003 + key + 1) % (2**63 - 1)
+    return torch.Generator().manual_seed(value)
+
+
+@dataclass
+class RolloutContext:
+    """What a strategy may use to roll out and score one step.
+
+    Attributes:
+        policy: the trained policy.
+        reward: the training reward.
+        prompts: the prompt pool.
+        sampling: the recipe's sampling settings (``num_inference_steps``, guidance, eta, ...).
+        device: the device rewards are kept on.
+        num_processes: processes sharing the global batch.
+        local_rows: ``global_batch_size -> LongTensor`` of this process's contiguous rows.
+        gather: concatenates a per-process ``[B_local]`` tensor over processes (identity for one).
+        precision: the context trained-on rollouts run in: the one the update recomputes
+            log-probs in, so the first inner step is exactly on-policy.
+    """
+
+    policy: DiffusionPolicy
+    reward: Reward
+    prompts: list[str]
+    sampling: SamplingConfig
+    device: torch.device
+    num_processes: int = 1
+    local_rows: Callable[[int], torch.Tensor] = lambda size: torch.arange(size)
+    gather: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
+    precision: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def rollout_kwargs(self) -> dict[str, Any]:
+        """The sampling settings as keyword arguments of ``policy.rollout``."""
+        s = self.sampling
+        return {
+            "num_inference_steps": s.num_inference_steps,
+            "guidance_scale": s.guidance_scale,
+            "eta": s.eta,
+            "noise_level": s.noise_level,
+            "mode": s.mode,
+            "height": s.height,
+            "width": s.width,
+            "negative_prompt": s.negative_prompt,
+            "lcm_schedule": s.lcm_schedule,
+            "lcm_final_noise": s.lcm_final_noise,
+        }
+
+    def score(self, trajectory: Trajectory) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Rewards ``[B_local]`` fp32 on :attr:`device` and the reward's numeric details."""
+        out = self.reward(trajectory.images, list(trajectory.prompts))
+        details = {k: v for k, v in out.details.items() if isinstance(v, (int, float))}
+        return out.scores.detach().float().to(self.device), details
+
+
+@dataclass
+class RolloutBatch:
+    """This process's share of one step's samples.
+
+    Attributes:
+        trajectory: the local trajectories (B_local).
+        rewards: ``[B_local]`` fp32.
+        advantages: ``[B_local]`` fp32.
+        global_index: ``[B_local]`` position of each local sample in the global batch.
+        global_batch_size: samples in the step across all processes.
+        global_rewards: ``[B_global]`` for logging.
+        details: the reward's numeric details and the strategy's counts, logged as ``reward_<key>``.
+        metrics: the strategy's own report (Sol-RL's preview fidelity, timings), logged as is.
+        skipped: the step must not be applied (e.g. a NaN reward); ``reason`` says why.
+        train_steps: the step indices the update may train on (default: every stochastic step
+            of the trajectory); a strategy that trains a window of the chain sets it.
+        global_group_ids: ``[B_global]`` the comparison group of each global sample (a prompt's
+            group, a source's branches), for the within-group reward diagnostics; None: unknown.
+        global_prompts: the ``B_global`` prompts, for per-prompt advantages; None: unknown.
+    """
+
+    trajectory: Trajectory
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    global_index: torch.Tensor
+    global_batch_size: int
+    global_rewards: torch.Tensor
+    details: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+    reason: str = ""
+    train_steps: torch.Tensor | None = None
+    global_group_ids: torch.Tensor | None = None
+    global_prompts: list[str] | None = None
+
+
+def draw_prompt_groups(
+    pool: list[str], prompts_per_step: int, group_size: int, generator: torch.Generator
+) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """``prompts_per_step`` prompts drawn with replacement from ``pool``, each repeated
+    ``group_size`` times, their group ids ``[B]`` and one seed per sample ``[B]`` (all global)."""
+    choice = torch.randint(0, len(pool), (prompts_per_step,), generator=generator)
+    prompts = [pool[int(i)] for i in choice for _ in range(group_size)]
+    group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
+    seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator)
+    return prompts, group_ids, seeds
+
+
+class RolloutStrategy(abc.ABC):
+    """Base class: ``collect(context, step) -> RolloutBatch``; ``state_dict`` for checkpoints.
+
+    :meth:`collect` is the lifecycle every strategy shares: :meth:`sample` rolls out and scores
+    this process's share; a step whose global rewards hold a NaN or an infinity is skipped before
+    any history (a stat tracker, B2-DiffuRL's reward history) sees them
+    (:func:`~genalign.trainers.guards.skip_nonfinite_rewards`); then :meth:`assign_advantages`.
+
+    Rollouts that are trained on run inside ``context.precision()``, the context in which the
+    update recomputes their log-probs, so the first inner step is exactly on-policy; rewards are
+    scored outside it, as in ddpo-pytorch and flow_grpo.
+    """
+
+    rewards_name = "rewards"  # how a skip reason names the rewards it checked
+
+    def collect(self, context: RolloutContext, step: int) -> RolloutBatch:
+        """This process's share of step ``step``, with advantages (or marked skipped)."""
+        batch = self.sample(context, step)
+        if batch.skipped or skip_nonfinite_rewards(batch, self.rewards_name):
+            return batch
+        self.assign_advantages(batch, context)
+        return batch
+
+    @abc.abstractmethod
+    def sample(self, context: RolloutContext, step: int) -> RolloutBatch:
+        """Roll out and score this process's share of step ``step`` (advantages left at 0)."""
+
+    @abc.abstractmethod
+    def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
+        """Set ``batch.advantages`` from its finite global rewards (may select rows or skip)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint with the run (a stat tracker, a reward history; none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what :meth:`state_dict` returned (nothing by default)."""

@@ -1,0 +1,236 @@
+"""``train``: the schema of a recipe's RL algorithm and optimiser (:class:`TrainConfig`).
+
+Every field is documented once, in the section of the class docstring for what it controls; the
+fields are declared in the same groups, and each group's cross-field checks sit in the check
+method named after it (run by ``__post_init__``), as trl documents and checks its configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from genalign.algorithms.schedules import learning_rate_factor
+from genalign.config import ConfigError
+from genalign.trainers.method_config import B2DiffuRLConfig, NFTConfig, ReFLConfig, RWRConfig, SolRLConfig
+
+__all__ = ["TrainConfig"]
+
+Method = Literal["ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl"]
+
+
+@dataclass
+class TrainConfig:
+    """The RL algorithm and optimiser (``train`` in a recipe).
+
+    **What is trained**
+
+    * ``method``: the recipe's method (``genalign list``); it fixes the policy family it is for
+      and, for methods defined by their loss (``diffusion_nft``, ``rwr``, ``refl``), the loss
+      (checked by :class:`~genalign.trainers.config.RecipeConfig`).
+    * ``strategy``: the rollout strategy, a name in ``genalign.trainers.strategies.STRATEGIES``
+      (``groups``, ``b2diffurl``, ``sol_rl``) or ``"package.module:Class"``.
+    * ``loss``: the loss, a name in ``genalign.trainers.losses.LOSSES`` (``ppo_clip``, ``nft``,
+      ``rwr``, ``refl``) or ``"package.module:Class"``.
+    * ``seed``: the global batch of every step (prompts, sample seeds, permutations) is a pure
+      function of ``(seed, step)``.
+
+    **Batch** (``_check_batch``, ``_check_minibatches``)
+
+    * ``num_steps``: training steps of the run.
+    * ``prompts_per_step`` / ``group_size``: each step draws ``prompts_per_step`` prompts and
+      ``group_size`` samples for each: ``samples_per_step = prompts_per_step * group_size``
+      samples across all processes. ``batch_size`` (optional) gives the samples per step
+      instead; ``prompts_per_step`` is then ``batch_size / group_size``.
+    * ``minibatch_size``: samples per minibatch of an inner epoch; must divide the batch.
+    * ``gradient_accumulation_steps``: one optimiser step per this many minibatches.
+    * ``inner_epochs``: passes over each step's samples (PPO's epochs).
+
+    **Which denoising steps are trained** (``_check_steps``)
+
+    * ``timestep_fraction``: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic
+      steps, floored as DDPO and Flow-GRPO do.
+    * ``timestep_order``: "random" trains a random subset per sample (DDPO), "first" the first k
+      in sampling order for every sample (Flow-GRPO).
+
+    **Optimiser and learning rate** (``_check_optimiser``)
+
+    * ``learning_rate``, ``adam_betas``, ``adam_weight_decay``, ``adam_epsilon``: AdamW's.
+    * ``max_grad_norm``: the gradient norm is clipped to it (0: not clipped).
+    * ``lr_warmup_steps``: optimiser steps of linear warm-up; then ``lr_schedule`` "constant" or
+      "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
+      steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
+    * ``ema_decay``: keep an EMA of the trained weights with this decay and export it (None: off).
+
+    **Policy-gradient loss and KL** (``_check_loss``)
+
+    * ``clip_range``: PPO's clip range of the ``ppo_clip`` loss.
+    * ``ratio_reduction``: "mean" divides log-probs by the number of latent elements before the
+      ratio (DDPO, Flow-GRPO, so their clip ranges carry over); "sum" uses exact ratios.
+    * ``kl_coef``: weight of the KL penalty to the reference model (0: none); for ``ppo_clip``
+      ``kl_coef * ||mu_theta - mu_ref||^2 / (2 s^2)`` per trained step, for the forward-process
+      losses ``kl_coef * ||f_theta - f_ref||^2``.
+    * ``kl_convention``: ``s`` of the ``ppo_clip`` KL. "official" takes Flow-GRPO's (flow_grpo's
+      ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without the step's
+      ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's own std,
+      the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the flow
+      SDE. They agree for flow CPS, DDIM (sd) and consistency steps.
+    * ``kl_reduction``: sum or mean of the KL over latent elements (independent of the convention).
+
+    **Advantages** (``_check_advantages``)
+
+    * ``advantage``: "group" (GRPO / Flow-GRPO group-relative), "tracker" (DDPO's per-prompt
+      statistics tracker), "batch" (the batch mean and std); ``advantage_std``: the std of
+      "group" advantages, the group's, the global one or none.
+    * ``tracker_buffer_size`` / ``tracker_min_count``: the tracker's history per prompt and the
+      count below which it uses the batch's statistics.
+    * ``advantage_clip``: advantages are clipped to ``[-advantage_clip, advantage_clip]``.
+    * ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
+      equal) leave the update, and each minibatch's loss is the mean over its kept samples
+      (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
+      logged either way.
+
+    **Precision and distribution**
+
+    * ``mixed_precision``: accelerate's autocast for rollouts and updates ("no", "fp16", "bf16").
+    * ``fsdp``: shard the denoiser with FSDP2 over the processes (also on with accelerate's FSDP
+      config); ``fsdp_wrap``: block class names made FSDP units (empty: genalign's default list).
+
+    **Method options** (:mod:`genalign.trainers.method_config`; ``_check_methods``)
+
+    * ``b2diffurl`` (strategy ``b2diffurl``), ``sol_rl`` (strategy ``sol_rl``), ``nft`` (loss
+      ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``).
+    """
+
+    # what is trained
+    method: Method = "grpo"
+    strategy: str = "groups"
+    loss: str = "ppo_clip"
+    seed: int = 0
+    # batch
+    num_steps: int = 10
+    prompts_per_step: int = 2
+    group_size: int = 4
+    batch_size: int | None = None
+    minibatch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    inner_epochs: int = 1
+    # which denoising steps are trained
+    timestep_fraction: float = 1.0
+    timestep_order: Literal["random", "first"] = "random"
+    # optimiser and learning rate
+    learning_rate: float = 3e-4
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_weight_decay: float = 1e-4
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_decay_steps: int | None = None
+    ema_decay: float | None = None
+    # policy-gradient loss and KL
+    clip_range: float = 1e-4
+    ratio_reduction: Literal["sum", "mean"] = "mean"
+    kl_coef: float = 0.0
+    kl_reduction: Literal["sum", "mean"] = "mean"
+    kl_convention: Literal["official", "exact"] = "official"
+    # advantages
+    advantage: Literal["group", "tracker", "batch"] = "group"
+    advantage_std: Literal["group", "global", "none"] = "group"
+    tracker_buffer_size: int = 32
+    tracker_min_count: int = 16
+    advantage_clip: float = 5.0
+    drop_zero_advantage: bool = False
+    # precision and distribution
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    fsdp: bool = False
+    fsdp_wrap: list[str] = field(default_factory=list)
+    # method options
+    b2diffurl: B2DiffuRLConfig = field(default_factory=B2DiffuRLConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)
+    rwr: RWRConfig = field(default_factory=RWRConfig)
+    refl: ReFLConfig = field(default_factory=ReFLConfig)
+    sol_rl: SolRLConfig = field(default_factory=SolRLConfig)
+
+    def __post_init__(self) -> None:
+        # in this order, so a recipe with several faults reports the same one first as before
+        self._check_batch()
+        self._check_steps()
+        self._check_advantages()
+        self._check_minibatches()
+        self._check_loss()
+        self._check_optimiser()
+        self._check_methods()
+
+    def _check_batch(self) -> None:
+        if self.batch_size is not None:
+            if self.group_size <= 0 or self.batch_size % self.group_size != 0:
+                raise ConfigError(
+                    f"train.group_size {self.group_size} does not divide train.batch_size {self.batch_size}: "
+                    f"a batch must hold whole prompt groups"
+                )
+            self.prompts_per_step = self.batch_size // self.group_size
+        for key in (
+            "num_steps",
+            "prompts_per_step",
+            "group_size",
+            "minibatch_size",
+            "gradient_accumulation_steps",
+            "inner_epochs",
+        ):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key} must be positive, got {getattr(self, key)}")
+
+    def _check_minibatches(self) -> None:
+        if self.samples_per_step % self.minibatch_size != 0:
+            raise ConfigError(
+                f"train.minibatch_size {self.minibatch_size} does not divide the batch size "
+                f"{self.samples_per_step} (= prompts_per_step {self.prompts_per_step} x group_size {self.group_size})"
+            )
+
+    def _check_steps(self) -> None:
+        if not 0.0 < self.timestep_fraction <= 1.0:
+            raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
+
+    def _check_optimiser(self) -> None:
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
+            raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
+
+    def _check_loss(self) -> None:
+        if self.kl_coef < 0:
+            raise ConfigError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+
+    def _check_advantages(self) -> None:
+        # b2diffurl compares branches, not prompt groups: one sample per prompt is its usual setting
+        grouped = self.strategy != "b2diffurl"
+        if grouped and self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
+            raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
+
+    def _check_methods(self) -> None:
+        if self.strategy == "sol_rl" and self.group_size != self.sol_rl.kept_per_prompt:
+            raise ConfigError(
+                f"train.group_size {self.group_size} must equal the samples sol_rl keeps per prompt "
+                f"({self.sol_rl.kept_per_prompt}: train.sol_rl.keep_top + keep_bottom, or pool_size for selection=all)"
+            )
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def planned_optimizer_steps(self) -> int:
+        """Optimiser steps of the run when every sample of every step is trained on (the groups
+        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
+        minibatches = -(-self.samples_per_step // self.minibatch_size)
+        return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
+
+    def learning_rate_factor(self, optimizer_steps: int) -> float:
+        """The factor of ``learning_rate`` after ``optimizer_steps`` steps (warm-up and schedule)."""
+        return learning_rate_factor(
+            optimizer_steps,
+            self.lr_warmup_steps,
+            self.lr_schedule,
+            self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
+        )
