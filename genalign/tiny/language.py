@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -51,7 +52,14 @@ def chat_tokenizer() -> Qwen2Tokenizer:
     Qwen's pre-tokenizer) whatever ``tokenizer_config.json`` says; wrapping it so from the start
     makes the built and the reloaded tokenizer split text identically. Pads on the left.
     """
-    bpe = json.loads(train_bpe_tokenizer().backend_tokenizer.to_str())["model"]
+    return qwen_chat_tokenizer(train_bpe_tokenizer(), model_max_length=2048)
+
+
+def qwen_chat_tokenizer(bpe_tokenizer: Any, model_max_length: int) -> Qwen2Tokenizer:
+    """A byte-level BPE trained by :func:`~genalign.tiny.tokenizers.train_bpe_tokenizer` as a
+    ``Qwen2Tokenizer`` with the Qwen-style chat template and the chat special tokens, padding on the
+    left (see :func:`chat_tokenizer` for why ``Qwen2Tokenizer``)."""
+    bpe = json.loads(bpe_tokenizer.backend_tokenizer.to_str())["model"]
     return Qwen2Tokenizer(
         vocab=bpe["vocab"],
         merges=[tuple(merge) for merge in bpe["merges"]],
@@ -60,7 +68,7 @@ def chat_tokenizer() -> Qwen2Tokenizer:
         pad_token="<pad>",
         extra_special_tokens=["<|im_start|>", "<|im_end|>", IMAGE_TOKEN],
         padding_side="left",
-        model_max_length=2048,
+        model_max_length=model_max_length,
         chat_template=QWEN_STYLE_CHAT_TEMPLATE,
     )
 
