@@ -124,7 +124,7 @@ def build_vlm(recipe: VLMRecipe):
         Qwen2Config,
     )
 
-    from genalign.tiny.language import IMAGE_TOKEN
+    from genalign.tiny.language import IMAGE_TOKEN, llava_processor, set_chat_generation_defaults
 
     recipe, vision_act, vision_weights = _vision_tower_start(recipe)
     if recipe.image_size % recipe.patch_size:
@@ -177,13 +177,8 @@ def build_vlm(recipe: VLMRecipe):
             raise RuntimeError(
                 f"toy-clip -> CLIPVisionModel mismatch: missing {missing}, unexpected {unexpected}"
             )
-    model.generation_config.eos_token_id = [
-        tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        tokenizer.eos_token_id,
-    ]
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    processor = _vlm_processor(recipe, tokenizer, strategy)
+    set_chat_generation_defaults(model, tokenizer)
+    processor = llava_processor(tokenizer, recipe.image_size, recipe.patch_size, strategy)
     return model, processor
 
 
@@ -209,33 +204,6 @@ def _vision_tower_start(recipe: VLMRecipe) -> tuple[VLMRecipe, str, dict[str, to
     else:
         vision_act = "quick_gelu"
     return recipe, vision_act, vision_weights
-
-
-def _vlm_processor(recipe: VLMRecipe, tokenizer: Any, strategy: str):
-    """LLaVA's processor: a CLIP image processor at the recipe's size, the tokenizer and the chat
-    template."""
-    from transformers import CLIPImageProcessor, LlavaProcessor
-
-    from genalign.tiny.language import CLIP_IMAGE_MEAN, CLIP_IMAGE_STD, IMAGE_TOKEN
-    from genalign.tiny.tokenizers import QWEN_STYLE_CHAT_TEMPLATE
-
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": recipe.image_size},
-        crop_size={"height": recipe.image_size, "width": recipe.image_size},
-        do_center_crop=True,
-        image_mean=CLIP_IMAGE_MEAN,
-        image_std=CLIP_IMAGE_STD,
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=recipe.patch_size,
-        vision_feature_select_strategy=strategy,
-        num_additional_image_tokens=1,
-        image_token=IMAGE_TOKEN,
-        chat_template=QWEN_STYLE_CHAT_TEMPLATE,
-    )
-    return processor
 
 
 def answer_token(tokenizer: Any, word: str) -> int:
