@@ -1,6 +1,7 @@
 """Rewards: the protocol, the registry and every reward model (see base.py for the contract).
 
-Importing this package registers every reward:
+Importing this package registers every reward (``shapes_eval`` lazily: its module is imported
+when the reward is first loaded):
 
 =========================  ==========================================================  =====
 name                       what                                                        grad
@@ -22,9 +23,6 @@ name                       what                                                 
 
 from __future__ import annotations
 
-# Registers `shapes_eval`. A plain module import, because genalign.toy.shapes_eval imports
-# genalign.rewards.base and may be the module that started this package's import.
-import genalign.toy.shapes_eval  # noqa: E402, F401
 from genalign.rewards.aesthetic import AestheticMLP, AestheticReward
 from genalign.rewards.base import REWARDS, Reward, RewardOutput, list_rewards, load_reward, register_reward
 from genalign.rewards.clip_models import (
@@ -44,6 +42,10 @@ from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
 from genalign.rewards.vlm import VLMJudge, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
+
+# The toy world's verifier lives above this package (genalign.toy sits on the library); the
+# registry imports it the first time `load_reward("shapes_eval")` asks for it.
+REWARDS.add_lazy("shapes_eval", "genalign.toy.shapes_eval:ShapesEvalReward")
 
 __all__ = [
     "REWARDS",

@@ -280,3 +280,21 @@ def load_clip_embedder(backend: str = "open_clip", **kwargs: Any) -> ClipEmbedde
     if backend == "transformers":
         return TransformersClipEmbedder(**kwargs)
     raise ValueError(f"unknown CLIP backend {backend!r}; choose one of {BACKENDS}")
+
+
+def load_backend_embedder(
+    backend: str,
+    model: Any,
+    pretrained: Any = None,
+    model_config: Any = None,
+    processor: Any = None,
+    **kwargs: Any,
+) -> ClipEmbedder:
+    """:func:`load_clip_embedder` from a reward's usual arguments: ``pretrained`` and
+    ``model_config`` go to open_clip, ``processor`` (when given) to transformers; the other backend
+    ignores them."""
+    if backend == "open_clip":
+        kwargs.update(pretrained=pretrained, model_config=model_config)
+    elif processor is not None:
+        kwargs.update(processor=processor)
+    return load_clip_embedder(backend, model=model, **kwargs)

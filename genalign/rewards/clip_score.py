@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import load_clip_embedder
+from genalign.rewards.clip_models import load_backend_embedder
 
 CONVENTIONS = ("clipscore", "cosine")
 PAPER_PREFIX = "A photo depicts"
@@ -78,11 +78,9 @@ class ClipScoreReward(Reward):
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
         if model is None:
             model = DEFAULT_MODELS.get(backend, "ViT-B-32")
-        if backend == "open_clip":
-            backend_kwargs.update(pretrained=pretrained, model_config=model_config)
-        elif processor is not None:
-            backend_kwargs.update(processor=processor)
-        self.embedder = load_clip_embedder(backend, model=model, device=device, dtype=dtype, **backend_kwargs)
+        self.embedder = load_backend_embedder(
+            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
+        )
         self.convention = convention
         self.w = float(w)
         self.prefix = prefix

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import load_clip_embedder
+from genalign.rewards.clip_models import load_backend_embedder
 from genalign.rewards.vlm import (
     MULTI_TOKEN_POLICIES,
     RATING_TEMPLATES,
@@ -357,11 +357,9 @@ class ClipIQAReward(Reward):
             raise ValueError(f"prompt_pairs must be (positive, negative) pairs, got {prompt_pairs!r}")
         if model is None:
             model = CLIP_IQA_DEFAULT_MODELS.get(backend, "RN50")
-        if backend == "open_clip":
-            backend_kwargs.update(pretrained=pretrained, model_config=model_config)
-        elif processor is not None:
-            backend_kwargs.update(processor=processor)
-        self.embedder = load_clip_embedder(backend, model=model, device=device, dtype=dtype, **backend_kwargs)
+        self.embedder = load_backend_embedder(
+            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
+        )
         self.prompt_pairs = pairs
         self.fixed_logit_scale = logit_scale
 

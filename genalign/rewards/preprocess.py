@@ -155,15 +155,6 @@ class PreprocessConfig:
             crop_rounding="floor",
         )
 
-    @property
-    def output_size(self) -> tuple[int, int] | None:
-        """``(height, width)`` of the preprocessed images, or None if it depends on the input."""
-        if self.crop_size is not None:
-            return self.crop_size
-        if self.resize_mode == "squash":
-            return self.size
-        return None
-
 
 def shortest_edge_size(height: int, width: int, target: int) -> tuple[int, int]:
     """Size after resizing the shorter edge to ``target`` (torchvision ``Resize(int)`` rule)."""

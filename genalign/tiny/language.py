@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -51,7 +52,14 @@ def chat_tokenizer() -> Qwen2Tokenizer:
     Qwen's pre-tokenizer) whatever ``tokenizer_config.json`` says; wrapping it so from the start
     makes the built and the reloaded tokenizer split text identically. Pads on the left.
     """
-    bpe = json.loads(train_bpe_tokenizer().backend_tokenizer.to_str())["model"]
+    return qwen_chat_tokenizer(train_bpe_tokenizer(), model_max_length=2048)
+
+
+def qwen_chat_tokenizer(bpe_tokenizer: Any, model_max_length: int) -> Qwen2Tokenizer:
+    """A byte-level BPE trained by :func:`~genalign.tiny.tokenizers.train_bpe_tokenizer` as a
+    ``Qwen2Tokenizer`` with the Qwen-style chat template and the chat special tokens, padding on the
+    left (see :func:`chat_tokenizer` for why ``Qwen2Tokenizer``)."""
+    bpe = json.loads(bpe_tokenizer.backend_tokenizer.to_str())["model"]
     return Qwen2Tokenizer(
         vocab=bpe["vocab"],
         merges=[tuple(merge) for merge in bpe["merges"]],
@@ -60,7 +68,7 @@ def chat_tokenizer() -> Qwen2Tokenizer:
         pad_token="<pad>",
         extra_special_tokens=["<|im_start|>", "<|im_end|>", IMAGE_TOKEN],
         padding_side="left",
-        model_max_length=2048,
+        model_max_length=model_max_length,
         chat_template=QWEN_STYLE_CHAT_TEMPLATE,
     )
 
@@ -82,7 +90,7 @@ def _qwen2_config(tokenizer: Qwen2Tokenizer) -> Qwen2Config:
     )
 
 
-def _set_generation_defaults(model: PreTrainedModel, tokenizer: Qwen2Tokenizer) -> None:
+def set_chat_generation_defaults(model: PreTrainedModel, tokenizer: Qwen2Tokenizer) -> None:
     """Stop at the end of a chat turn or of the text, and pad with the tokenizer's pad id."""
     model.generation_config.eos_token_id = [
         tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -90,6 +98,30 @@ def _set_generation_defaults(model: PreTrainedModel, tokenizer: Qwen2Tokenizer) 
     ]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
+
+
+def llava_processor(
+    tokenizer: Qwen2Tokenizer, image_size: int, patch_size: int, strategy: str
+) -> LlavaProcessor:
+    """LLaVA's processor: a CLIP image processor (resize the short side, centre crop, CLIP's
+    normalisation) at ``image_size``, the chat tokenizer and template. ``strategy`` is the model's
+    ``vision_feature_select_strategy``: ``"default"`` drops CLIP's CLS token, ``"full"`` keeps it."""
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        do_center_crop=True,
+        image_mean=CLIP_IMAGE_MEAN,
+        image_std=CLIP_IMAGE_STD,
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy=strategy,
+        num_additional_image_tokens=1,  # CLIP's CLS token
+        image_token=IMAGE_TOKEN,
+        chat_template=QWEN_STYLE_CHAT_TEMPLATE,
+    )
 
 
 def qwen2_lm(seed: int = 0, save_to: str | Path | None = None) -> tuple[Qwen2ForCausalLM, Qwen2Tokenizer]:
@@ -103,7 +135,7 @@ def qwen2_lm(seed: int = 0, save_to: str | Path | None = None) -> tuple[Qwen2For
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(_qwen2_config(tokenizer))
-    _set_generation_defaults(model, tokenizer)
+    set_chat_generation_defaults(model, tokenizer)
     model.eval()
     if save_to is not None:
         model.save_pretrained(save_to)
@@ -153,24 +185,9 @@ def llava_vlm(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlavaForConditionalGeneration(config)
-    _set_generation_defaults(model, tokenizer)
+    set_chat_generation_defaults(model, tokenizer)
     model.eval()
-    image_processor = CLIPImageProcessor(
-        size={"shortest_edge": image_size},
-        crop_size={"height": image_size, "width": image_size},
-        do_center_crop=True,
-        image_mean=CLIP_IMAGE_MEAN,
-        image_std=CLIP_IMAGE_STD,
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=VISION_PATCH_SIZE,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
-        image_token=IMAGE_TOKEN,
-        chat_template=QWEN_STYLE_CHAT_TEMPLATE,
-    )
+    processor = llava_processor(tokenizer, image_size, VISION_PATCH_SIZE, "default")
     if save_to is not None:
         model.save_pretrained(save_to)
         processor.save_pretrained(save_to)

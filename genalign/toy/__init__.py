@@ -7,8 +7,12 @@ ShapesEval verifier (DESIGN.md, "The offline world").
   caption parser.
 - ``prompts``: the fixed prompt sets (pretraining train / held-out; RL-train / RL-held-out inside
   the pretraining split; unseen combinations), scenes sampled for a prompt, JSONL files.
-- ``shapes_eval``: reading scenes back from pixels, checking specs, GenEval-style accuracy, and
-  the ``shapes_eval`` reward (registered on import).
+- ``detection`` / ``shapes_eval``: reading scenes back from pixels; checking specs, GenEval-style
+  accuracy, and the ``shapes_eval`` reward (registered on import; :mod:`genalign.rewards` lists it
+  lazily).
+- ``generators`` / ``reward_models``: the recipes of the shipped toy models (packages with a
+  ``python -m`` command line each), sharing ``training`` (loop, EMA, schedule, model cards) and
+  ``conversion`` (open_clip weights in transformers' layouts); ``eval_data`` builds assets/eval.
 
     >>> from genalign.toy import sample_scene_for_prompt, render_scene, evaluate
     >>> scene, caption, spec = sample_scene_for_prompt("position", rng=0)
@@ -19,9 +23,6 @@ ShapesEval verifier (DESIGN.md, "The offline world").
 
 from __future__ import annotations
 
-# genalign.rewards imports genalign.toy.shapes_eval to register "shapes_eval"; loading it first
-# lets that happen before any toy module runs, whichever package a program imports first
-import genalign.rewards  # noqa: F401
 from genalign.toy.captions import (
     CATEGORIES,
     CaptionParseError,

@@ -15,14 +15,12 @@ import time
 import pytest
 import torch
 
+from genalign.rewards.svg.pool import SVGRenderPool, render_batch, render_svg
 from genalign.rewards.svg.render import (
     RenderLimits,
-    SVGRenderPool,
     _make_fetcher,
     _rasterize_cairosvg,
-    render_batch,
     render_local,
-    render_svg,
 )
 
 NS = 'xmlns="http://www.w3.org/2000/svg"'

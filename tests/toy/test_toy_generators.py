@@ -203,7 +203,7 @@ def test_v_loss_timestep_weights_make_epsilon_mse_the_v_loss():
 
 
 def test_sd_training_draws_timesteps_from_the_v_weights(tiny_vae, monkeypatch):
-    import genalign.toy.generators as generators
+    import genalign.toy.generators.train as generators
 
     vae, _ = tiny_vae
     drawn = []

@@ -15,8 +15,8 @@ from genalign.rewards import load_reward
 from genalign.toy import all_prompts, evaluate, scene_for_spec, train_prompts
 from genalign.toy.reward_models import (
     ClipRecipe,
-    VlmRecipe,
-    VlmTasks,
+    VLMRecipe,
+    VLMTasks,
     build_bank,
     build_clip,
     build_vlm,
@@ -188,7 +188,7 @@ def test_clip_training_decreases_the_loss(tiny_bank):
 
 @pytest.mark.slow
 def test_vlm_training_decreases_the_loss(tiny_bank):
-    recipe = VlmRecipe(
+    recipe = VLMRecipe(
         image_size=24, patch_size=12, vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32,
         intermediate_size=64, layers=1, heads=2, kv_heads=1, steps=10, batch_size=8, lr=3e-3, warmup=1, log_every=0,
         question_weight=1.0,
@@ -206,7 +206,7 @@ def test_vlm_training_rejects_a_bad_task_mix(tiny_bank, mix):
         train_vlm(replace(TINY_VLM, task_mix=mix, steps=1), tiny_bank)
 
 
-TINY_VLM = VlmRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
+TINY_VLM = VLMRecipe(vision_width=32, vision_layers=1, vision_heads=2, hidden_size=32, intermediate_size=64,
                      layers=1, heads=2, kv_heads=1)  # fmt: skip
 
 
@@ -216,7 +216,7 @@ def _tiny_vlm_judge():
 
     model, processor = build_vlm(TINY_VLM)
     judge = VLMJudge(model.eval(), processor)
-    return model, processor, judge, VlmTasks(judge)
+    return model, processor, judge, VLMTasks(judge)
 
 
 def test_caption_task_scores_exactly_the_caption_tokens(subset):
@@ -318,7 +318,7 @@ def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
         for param in clip.parameters():
             param.copy_(param.half().float())
     folder = save_clip(clip, clip_recipe, tmp_path / "clip")
-    recipe = VlmRecipe(
+    recipe = VLMRecipe(
         hidden_size=32, intermediate_size=64, layers=1, heads=2, kv_heads=1, vision_init=str(folder)
     )
     model, processor = build_vlm(recipe)
@@ -338,7 +338,7 @@ def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
     )
     assert set(converted) == {k for k in tower.state_dict() if "position_ids" not in k}
     with pytest.raises(FileNotFoundError, match="not a toy-clip folder"):
-        build_vlm(VlmRecipe(vision_init=str(tmp_path)))
+        build_vlm(VLMRecipe(vision_init=str(tmp_path)))
 
 
 # -- the shipped models -----------------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def test_toy_vlm_training_chats_are_the_reward_chats(subset, tmp_path):
     model, processor = build_vlm(TINY_VLM)
     path = str(save_vlm(model.eval(), processor, tmp_path / "vlm"))
     reward = load_toy_reward("toy-vlm", path)
-    tasks = VlmTasks(reward.judge)
+    tasks = VLMTasks(reward.judge)
     items = subset[:4]
     texts = [tasks.yes_no(item.caption) for item in items]
     logits = reward.judge.next_token_logits(texts, [[item.image] for item in items])

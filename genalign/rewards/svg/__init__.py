@@ -1,8 +1,8 @@
 """SVG rewards: safe rendering and the RLRF rendering-feedback reward.
 
 - :mod:`~genalign.rewards.svg.sanitize` -- hardened parsing and the reference / size policy.
-- :mod:`~genalign.rewards.svg.render` -- cairosvg (reference) and skia (fast) rasterisation in
-  worker processes with per-render timeouts.
+- :mod:`~genalign.rewards.svg.render` -- cairosvg (reference) and skia (fast) rasterisation.
+- :mod:`~genalign.rewards.svg.pool` -- rendering in worker processes with per-render timeouts.
 - :mod:`~genalign.rewards.svg.fidelity` -- ``svg_fidelity``: RLRF's image, edge, semantic and
   length rewards (Rodriguez et al. 2025, Sec. 3).
 """
@@ -10,15 +10,8 @@
 from __future__ import annotations
 
 from genalign.rewards.svg.fidelity import SVGFidelityReward, canny_edges, length_reward, normalized_l2_reward
-from genalign.rewards.svg.render import (
-    BACKENDS,
-    RenderResult,
-    SVGRenderPool,
-    render_batch,
-    render_local,
-    render_svg,
-    shared_pool,
-)
+from genalign.rewards.svg.pool import SVGRenderPool, render_batch, render_svg, shared_pool
+from genalign.rewards.svg.render import BACKENDS, RenderResult, render_local
 from genalign.rewards.svg.sanitize import RenderLimits, SanitizedSVG, SVGRejected, sanitize_svg
 
 __all__ = [

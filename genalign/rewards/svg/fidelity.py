@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward, validate_images
-from genalign.rewards.svg.render import SVGRenderPool, render_batch
+from genalign.rewards.svg.pool import SVGRenderPool, render_batch
 from genalign.rewards.svg.sanitize import RenderLimits
 
 logger = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class SVGFidelityReward(Reward):
         backend: SVG renderer, "cairosvg" (reference) or "skia" (fast).
         limits: sanitisation caps and the per-render timeout.
         workers: render processes (shared pool); ``pool`` gives an explicit
-            :class:`~genalign.rewards.svg.render.SVGRenderPool`.
+            :class:`~genalign.rewards.svg.pool.SVGRenderPool`.
         render_size: ``(H, W)`` for rendering ``reference_svgs`` when no ``targets`` are given.
         length_fn: SVG text -> length (default: characters; pass a token counter for tokens).
         clip_length: clip the length reward below at ``min_reward`` (the paper does not).

@@ -10,7 +10,7 @@
   JPEG compression at levels 0-3; ``mos = 5 - level`` (a known degradation level standing in for
   a mean opinion score), ``category`` = the degradation.
 
-Run ``python -m genalign.rewards.evaluation.sample_data [--out assets/eval]``.
+Run ``python -m genalign.toy.eval_data [--out assets/eval]``.
 """
 
 from __future__ import annotations

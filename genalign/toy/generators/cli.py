@@ -1,0 +1,350 @@
+"""``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,eval,card}``: one function per
+command. The exact commands of the shipped models are in ``assets/models/<name>/README.md``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.toy.generators.card import add_previous_stages, previous_commands, stage_commands, write_card
+from genalign.toy.generators.evaluate import FAMILIES, evaluate_generator
+from genalign.toy.generators.flow import train_flow
+from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
+
+logger = logging.getLogger(__name__)
+
+TRAIN_EVAL = "train prompts (16 per category, 2 images each)"
+# options that belong to one command only
+COMMAND_OPTIONS = (("--kl-weight", "kl_weight", "vae"), ("--v-weight-cap", "v_weight_cap", "toy-sd"))
+COMMAND_OPTIONS += (("--clip-text", "clip_text", "toy-sd"),)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m genalign.toy.generators",
+        description="Toy generators: small real diffusers pipelines trained on the toy world (issue #6).",
+    )
+    parser.add_argument("what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "eval", "card"])
+    parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
+    parser.add_argument("--vae", help="trained VAE folder (toy-sd, toy-flow)")
+    parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
+    parser.add_argument(
+        "--init", help="toy-sd / toy-flow: continue training from this folder of the same kind"
+    )
+    parser.add_argument("--family", choices=FAMILIES, help="eval: the model family")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--num-images", type=int)
+    parser.add_argument("--max-minutes", type=float)
+    parser.add_argument(
+        "--ema-decay", type=float, help="EMA of the saved weights (toy-sd, toy-flow; LCD target)"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--kl-weight",
+        type=float,
+        help=f"vae: weight of the KL term (default {SD_KL_WEIGHT:g}, Stable Diffusion's); larger values make the decoder "
+        "robust to latent noise",
+    )
+    parser.add_argument(
+        "--clip-text",
+        help="toy-sd: an open_clip folder (toy-clip) whose text tower becomes the frozen text encoder",
+    )
+    parser.add_argument(
+        "--v-weight-cap",
+        type=float,
+        help="toy-sd: draw timesteps with probability min(1/alpha_bar_t, CAP), i.e. the v-prediction loss "
+        "(default: uniform timesteps, DDPM's L_simple)",
+    )
+    parser.add_argument(
+        "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
+    )
+    parser.add_argument("--eval-steps", type=int)
+    parser.add_argument("--eval-guidance", type=float)
+    parser.add_argument("--eval-seed", type=int, default=0)
+    parser.add_argument("--eval-per-prompt", type=int, default=4)
+    parser.add_argument(
+        "--colour-per-prompt",
+        type=int,
+        help="card: also score the colour category of the train prompts with this many images per prompt",
+    )
+    return parser
+
+
+def _command_line() -> str:
+    return "python -m genalign.toy.generators " + " ".join(sys.argv[1:])
+
+
+def _training_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe options given on the command line (unset ones keep the recipe's defaults)."""
+    options = {"steps": args.steps, "lr": args.lr, "num_images": args.num_images, "ema_decay": args.ema_decay}
+    return {k: v for k, v in options.items() if v}
+
+
+def _stage_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "max_minutes": args.max_minutes,
+        **_training_options(args),
+    }
+
+
+# -- commands that do not train a pipeline ----------------------------------------------------------
+
+
+def vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    out = Path(args.out)
+    options = _training_options(args)
+    if args.kl_weight is not None:
+        options["kl_weight"] = args.kl_weight
+    _, info = train_vae(out, seed=args.seed, **options)
+    (out / "training.json").write_text(json.dumps(dict(info, command=_command_line()), indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k != "loss_history"}))
+    return 0
+
+
+def card_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Add the train-prompt evaluation to a trained model's card."""
+    out = Path(args.out)
+    card = json.loads((out / "card.json").read_text())
+    eval_settings = card["eval"]["settings"]
+    args.eval_steps, args.eval_guidance = eval_settings["steps"], eval_settings["guidance"]
+    card.setdefault("extra_evals", {})[TRAIN_EVAL] = _train_evaluation(out, card["family"], args)
+    if args.colour_per_prompt:  # the single-object colour target, on more images than above
+        key = f"single-object colour, train prompts ({args.colour_per_prompt} images per prompt)"
+        card["extra_evals"][key] = evaluate_generator(
+            out,
+            card["family"],
+            split="train",
+            per_category=16,
+            num_per_prompt=args.colour_per_prompt,
+            seed=args.eval_seed,
+            steps=args.eval_steps,
+            guidance=args.eval_guidance,
+            categories=["colors"],
+        )
+    write_card(out, card)
+    return 0
+
+
+def eval_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.family is None:
+        parser.error("eval needs --family")
+    result = evaluate_generator(
+        Path(args.out),
+        args.family,
+        num_per_prompt=args.eval_per_prompt,
+        seed=args.eval_seed,
+        steps=args.eval_steps,
+        guidance=args.eval_guidance,
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+# -- training commands: each returns its card's fields ------------------------------------------------
+
+
+def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-sd needs --vae"))
+    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+    extra = _stage_options(args)
+    if args.v_weight_cap is not None:
+        extra["v_weight_cap"] = args.v_weight_cap
+    if args.clip_text is not None:
+        extra["clip_text"] = args.clip_text
+    _, info = train_sd(vae, Path(args.out), init=args.init, snapshot_every=args.snapshot_every, **extra)
+    commands = stage_commands(
+        previous_commands(Path(args.init)) if args.init else [], vae_info["command"], _command_line()
+    )
+    stage_seconds, total_steps = add_previous_stages(info, args.init)
+    text_encoder = (
+        f"its UNet trained in stages on the toy world and, as in Stable Diffusion, conditioned on a frozen "
+        f"pretrained CLIP text encoder: the text tower of {args.clip_text}. "
+        if args.clip_text
+        else "trained from scratch. "
+    )
+    data = (
+        f"this stage {info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} "
+        "renders (48 px, skia): train prompts only (category uniform) plus 15% random layouts captioned ''; "
+        f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
+    )
+    train = (
+        f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); "
+        + (
+            f"text encoder: the text tower of {args.clip_text}, converted and frozen; UNet "
+            if args.clip_text
+            else "text encoder + UNet "
+        )
+        + f"{total_steps} steps over "
+        f"{sum(' toy-sd ' in c for c in commands)} stage(s) (this one: {info['steps']} steps, batch {args.batch_size}, lr {args.lr}, "
+        f"{stage_seconds:.0f} s), AdamW, epsilon prediction, "
+        + (
+            f"timesteps drawn with probability min(1/alpha_bar_t, {args.v_weight_cap:g}) (the v-prediction loss), "
+            if args.v_weight_cap
+            else "uniform timesteps (L_simple), "
+        )
+        + f"caption dropout 0.1, EMA {args.ema_decay or 0.99}; "
+        f"{info['train_seconds']:.0f} s in all on CPU ({args.threads} thread(s) this stage). The UNet adds the attention-pooled prompt "
+        "to its timestep embedding (`addition_embed_type: text`); a stage continued from weights without it "
+        "adds it as an exact extension (`add_text_pooling`)."
+    )
+    return {
+        "name": "toy-sd",
+        "family": "sd",
+        "description": "A small Stable Diffusion 1.x-architecture text-to-image model of the toy world (48 px), "
+        + text_encoder
+        + "It follows prompts imperfectly, by design: room for RL.",
+        "load": 'StableDiffusionPipeline.from_pretrained("assets/models/toy-sd")',
+        "commands": commands,
+        "data": data,
+        "train": train,
+        "info": info,
+    }
+
+
+def lcm_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    from diffusers import StableDiffusionPipeline
+
+    teacher = StableDiffusionPipeline.from_pretrained(
+        args.teacher or parser.error("toy-lcm needs --teacher"), safety_checker=None, feature_extractor=None
+    )
+    _, info = train_lcm(teacher, Path(args.out), **_stage_options(args))
+    return {
+        "name": "toy-lcm",
+        "family": "consistency",
+        "description": "Latent Consistency Distillation (Luo et al. 2023, Algorithm 1) of toy-sd: 1-4 step sampling "
+        "with the guidance scale as an input (w = guidance_scale - 1).",
+        "load": 'DiffusionPipeline.from_pretrained("assets/models/toy-lcm")',
+        "commands": [*previous_commands(Path(args.teacher)), _command_line()],
+        "data": "renders of train prompts (as toy-sd, another seed), encoded by toy-sd's VAE; teacher = toy-sd.",
+        "train": f"{info['steps']} LCD steps, batch {args.batch_size}, N=50 DDIM skipping steps, w ~ U[2, 6], EMA 0.95, "
+        f"L2 distance; {info['train_seconds']:.0f} s on one CPU thread.",
+        "info": info,
+    }
+
+
+def flow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-flow needs --vae"))
+    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+    _, info = train_flow(vae, Path(args.out), init=args.init, **_stage_options(args))
+    stage_seconds, total_steps = add_previous_stages(info, args.init)
+    commands = [
+        *(previous_commands(Path(args.init)) if args.init else [vae_info["command"]]),
+        _command_line(),
+    ]
+    return {
+        "name": "toy-flow",
+        "family": "flow",
+        "description": "A small Stable Diffusion 3-architecture (MMDiT, two CLIP encoders, no T5) rectified-flow model "
+        "of the toy world (48 px), trained from scratch; it shares toy-sd's VAE (with a latent shift).",
+        "load": 'StableDiffusion3Pipeline.from_pretrained("assets/models/toy-flow", text_encoder_3=None, tokenizer_3=None)',
+        "commands": commands,
+        "data": "renders of train prompts only plus 15% random layouts captioned '' (48 px, skia).",
+        "train": f"{total_steps} steps over {len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch "
+        f"{args.batch_size}, lr {args.lr}, {stage_seconds:.0f} s), AdamW, rectified flow (velocity) loss with "
+        f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s in all "
+        "on one CPU thread.",
+        "info": info,
+    }
+
+
+# -- evaluation and the card of a trained pipeline -------------------------------------------------------
+
+
+def _evaluations(path: Path, family: str, args: argparse.Namespace) -> dict[str, Any]:
+    settings = {"seed": args.eval_seed, "steps": args.eval_steps, "guidance": args.eval_guidance}
+    full = evaluate_generator(path, family, num_per_prompt=args.eval_per_prompt, **settings)
+    subset = evaluate_generator(path, family, num_per_prompt=2, per_category=2, **settings)
+    logger.info("[%s] held-out overall %.3f %s", family, full["overall"], full["per_category"])
+    logger.info("[%s] subset overall %.4f", family, subset["overall"])
+    return {"eval": full, "eval_subset": subset}
+
+
+def _train_evaluation(path: Path, family: str, args: argparse.Namespace, steps: int | None = None):
+    """ShapesEval on train prompts: what the model renders for captions it was trained on (the
+    single-object and colour categories are only in this split)."""
+    result = evaluate_generator(
+        path,
+        family,
+        split="train",
+        per_category=16,
+        num_per_prompt=2,
+        seed=args.eval_seed,
+        steps=args.eval_steps if steps is None else steps,
+        guidance=args.eval_guidance,
+    )
+    logger.info("[%s] train prompts overall %.3f %s", family, result["overall"], result["per_category"])
+    return result
+
+
+def write_trained_card(out: Path, fields: dict[str, Any], args: argparse.Namespace) -> None:
+    """Evaluate a freshly trained pipeline (held-out, subset, train prompts; 1 and 2 steps for a
+    consistency model) and write its card."""
+    family, info = fields["family"], fields["info"]
+    evals = _evaluations(out, family, args)
+    extra_evals = {TRAIN_EVAL: _train_evaluation(out, family, args)}
+    if family == "consistency":
+        for k in (1, 2):
+            extra_evals[f"{k} step{'s' if k > 1 else ''}"] = evaluate_generator(
+                out,
+                family,
+                num_per_prompt=args.eval_per_prompt,
+                seed=args.eval_seed,
+                steps=k,
+                guidance=args.eval_guidance,
+            )
+    card = {
+        **{
+            key: fields[key] for key in ("name", "family", "description", "load", "commands", "data", "train")
+        },
+        "parameters": info["parameters"],
+        "train_seconds": info["train_seconds"],
+        "train_steps": info["steps"],
+        **({"total_train_steps": info["total_train_steps"]} if "total_train_steps" in info else {}),
+        "loss_history": info["loss_history"],
+        **evals,
+        "extra_evals": extra_evals,
+    }
+    write_card(out, card)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
+    "vae": vae_command,
+    "card": card_command,
+    "eval": eval_command,
+}
+TRAINING_COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], dict[str, Any]]] = {
+    "toy-sd": sd_command,
+    "toy-lcm": lcm_command,
+    "toy-flow": flow_command,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # a no-op when logging is set up
+    torch.set_num_threads(args.threads)
+    for option, name, command in COMMAND_OPTIONS:
+        if getattr(args, name) is not None and args.what != command:
+            parser.error(f"{option} is an option of the {command} command only")
+    if args.what in COMMANDS:
+        return COMMANDS[args.what](args, parser)
+    fields = TRAINING_COMMANDS[args.what](args, parser)
+    write_trained_card(Path(args.out), fields, args)
+    return 0
