@@ -21,7 +21,7 @@ under FSDP, or train it fully in one dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -121,8 +121,3 @@ def load_full_optimizer_state(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-def wrap_classes_present(module: torch.nn.Module, wrap_classes: Iterable[str]) -> list[str]:
-    names = {type(m).__name__ for m in module.modules()}
-    return sorted(names & set(wrap_classes))
