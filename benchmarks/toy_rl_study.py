@@ -54,7 +54,7 @@ def _prompt_overrides(prompts: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from genalign.toy.evaluation import evaluate_policy
+    from genalign.toy.evaluation import evaluate_policy, paired_change_interval
     from genalign.trainers.config import load_recipe
     from genalign.trainers.trainer import build_trainer
 
@@ -88,6 +88,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eval_after": after["overall"],
         "per_category_before": before["per_category"],
         "per_category_after": after["per_category"],
+        "eval_change_ci": list(
+            paired_change_interval(
+                [float(s["correct"]) for s in before["per_sample"]],
+                [float(s["correct"]) for s in after["per_sample"]],
+                [s["category"] for s in before["per_sample"]],
+            )
+        ),
         "reward_first": statistics.fmean(rewards[:window]),
         "reward_last": statistics.fmean(rewards[-window:]),
         "steps": len(history),

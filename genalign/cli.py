@@ -109,7 +109,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = args.config or DEFAULT_RECIPE
     print(f"recipe: {recipe}", flush=True)
     options = ("eval_every", "oracle", "rl_heldout_images", "rl_train_images", "unseen_images")
-    result = run_demo(recipe, overrides, **{name: getattr(args, name) for name in options})
+    chosen = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
+    result = run_demo(recipe, overrides, **chosen)
     for name, evaluation in result.evaluations.items():
         change, low, high = evaluation.interval()
         print(
@@ -283,14 +284,20 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rl-heldout-images",
         type=int,
-        default=160,
-        help="images per evaluation of the RL-held-out prompts, the headline (spread over categories)",
+        default=None,
+        help="images per evaluation of the RL-held-out prompts, the headline, spread over categories (default 648)",
     )
     p.add_argument(
-        "--rl-train-images", type=int, default=96, help="images per evaluation of the RL-train prompts"
+        "--rl-train-images",
+        type=int,
+        default=None,
+        help="images per evaluation of the RL-train prompts (default 324)",
     )
     p.add_argument(
-        "--unseen-images", type=int, default=96, help="images per evaluation of the unseen combinations"
+        "--unseen-images",
+        type=int,
+        default=None,
+        help="images per evaluation of the unseen combinations (default 324)",
     )
     p.add_argument(
         "--eval-every", type=int, default=0, help="RL-held-out evaluation every N steps (0: start and end)"

@@ -21,6 +21,7 @@ from genalign.toy.demo import (
     write_report,
 )
 from genalign.toy.evaluation import (
+    DEFAULT_EVAL_IMAGES,
     EVAL_SETS,
     SetEvaluation,
     eval_set,
@@ -69,6 +70,11 @@ def test_rl_heldout_evaluation_has_at_least_160_images_over_six_categories():
     assert len(eval_set_for_images("unseen_combinations", 96)) == 100  # 5 categories x 20
     with pytest.raises(ValueError, match="positive"):
         eval_set_for_images("rl_train", 0)
+    # the demo's default headline evaluation: 108 images per category, all 91 RL-held-out prompts
+    default = eval_set_for_images("rl_heldout", DEFAULT_EVAL_IMAGES["rl_heldout"])
+    assert len(default) == 648 and Counter(p.category for p, _ in default) == dict.fromkeys(CATEGORIES, 108)
+    assert {p.caption for p, _ in default} == {p.caption for p in prompts_for("rl_heldout")}
+    assert len({(p.caption, seed) for p, seed in default}) == len(default)  # no (prompt, seed) pair twice
 
 
 def test_paired_change_interval_by_hand():
