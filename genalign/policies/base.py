@@ -115,6 +115,7 @@ class DiffusionPolicy(torch.nn.Module):
     family: str = "base"
     default_steps: int = 20
     default_guidance_scale: float = 5.0
+    denoiser_name: str  # the pipeline component that is trained ("unet", "transformer")
 
     def __init__(
         self,
@@ -210,7 +211,8 @@ class DiffusionPolicy(torch.nn.Module):
     # ---- family hooks --------------------------------------------------------------------------
     @property
     def denoiser(self) -> torch.nn.Module:
-        raise NotImplementedError
+        """The trained network: the pipeline's component named ``denoiser_name``."""
+        return getattr(self.pipeline, self.denoiser_name)
 
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Modules never trained (VAE, text encoders)."""
@@ -319,7 +321,11 @@ class DiffusionPolicy(torch.nn.Module):
             yield self  # nothing is trained: the policy is its own reference
 
     def _swap_denoiser(self, module: torch.nn.Module) -> None:
-        raise NotImplementedError
+        setattr(self.pipeline, self.denoiser_name, module)
+
+    def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
+        """The scheduler's timesteps ``[B]`` at per-sample grid ``step_index`` [B], on the policy's device."""
+        return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
 
     def make_settings(
         self,

@@ -39,12 +39,7 @@ class FlowPolicy(DiffusionPolicy):
     default_steps = 10
     default_guidance_scale = 4.5
 
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipeline.transformer
-
-    def _swap_denoiser(self, module: torch.nn.Module) -> None:
-        self.pipeline.transformer = module
+    denoiser_name = "transformer"
 
     @classmethod
     def for_pipeline(cls, pipeline: Any) -> type[FlowPolicy]:
@@ -93,9 +88,6 @@ class FlowPolicy(DiffusionPolicy):
         """x0 = x_t - sigma v (one Euler step to sigma = 0)."""
         sigma = self._sigma(step_index, x_t)
         return x_t.float() - sigma * model_output.float()
-
-    def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
-        return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
 
     @staticmethod
     def _guided(out: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:
