@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from genalign.rewards.base import Reward
 from genalign.rewards.checkpoints import looks_like_local_path, require_file
 from genalign.rewards.preprocess import ImagePreprocessor, PreprocessConfig
 
@@ -298,3 +299,45 @@ def load_backend_embedder(
     elif processor is not None:
         kwargs.update(processor=processor)
     return load_clip_embedder(backend, model=model, **kwargs)
+
+
+class CLIPBackendReward(Reward):
+    """Base of the rewards scored with a CLIP model of either backend (``clip``, ``clip_iqa``,
+    ``aesthetic``): it builds :attr:`embedder` from the arguments they all take.
+
+    Args:
+        backend: "open_clip" or "transformers".
+        model: open_clip architecture name (``"ViT-B-32"``, ``"hf-hub:..."``, ``"local-dir:..."``),
+            a transformers ``CLIPModel`` hub id / folder, or a built model; None: the subclass's
+            ``default_models[backend]``.
+        pretrained: open_clip tag (``"openai"``) or checkpoint file (open_clip backend only).
+        model_config: custom open_clip architecture (dict or JSON path), registered as ``model``.
+        processor: transformers processor hub id / folder (default: ``model``).
+        device, dtype: where and in which precision the CLIP model runs.
+        strict: raise on NaN scores.
+        **backend_kwargs: further keyword arguments of the embedder.
+
+    Differentiable: images are preprocessed as tensors (:mod:`genalign.rewards.preprocess`).
+    """
+
+    differentiable = True
+    default_models: Mapping[str, str]  # backend -> the model loaded when ``model`` is None
+
+    def __init__(
+        self,
+        backend: str = "open_clip",
+        model: str | os.PathLike | torch.nn.Module | None = None,
+        pretrained: str | os.PathLike | None = "openai",
+        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
+        processor: str | os.PathLike | Any = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        strict: bool = False,
+        **backend_kwargs: Any,
+    ) -> None:
+        super().__init__(strict=strict)
+        if model is None:
+            model = self.default_models.get(backend, self.default_models["open_clip"])
+        self.embedder = load_backend_embedder(
+            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
+        )

@@ -51,8 +51,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import load_backend_embedder
+from genalign.rewards.base import RewardOutput, register_reward
+from genalign.rewards.clip_models import CLIPBackendReward
 from genalign.rewards.vlm import (
     RATING_TEMPLATES,
     VLMJudgeReward,
@@ -291,19 +291,18 @@ CLIP_IQA_DEFAULT_MODELS = {"open_clip": "RN50", "transformers": "openai/clip-vit
 
 
 @register_reward("clip_iqa")
-class ClipIQAReward(Reward):
+class ClipIQAReward(CLIPBackendReward):
     """CLIP-IQA (Wang et al., AAAI 2023): P(positive prompt) over antonym prompt pairs.
 
     Args:
         backend: "open_clip" or "transformers".
         model: CLIP model (open_clip name or transformers hub id / folder); default the paper's
             RN50 (open_clip) or ``openai/clip-vit-base-patch32`` (transformers).
-        pretrained, model_config, processor: as for :class:`~genalign.rewards.clip_score.ClipScoreReward`.
         prompt_pairs: ``(positive, negative)`` prompts, averaged; default ("Good photo.", "Bad photo.").
         logit_scale: temperature t multiplying the cosines; default the model's own (100 for
             OpenAI CLIP).
-        device, dtype: where and in which precision the CLIP model runs.
-        strict: raise on NaN scores.
+        pretrained, model_config, processor, device, dtype, strict, **backend_kwargs: as
+            :class:`~genalign.rewards.clip_models.CLIPBackendReward` takes them.
 
     Scores ``[B]`` in [0, 1]; ``details["pair_probs"]`` ``[B, P]``. Differentiable w.r.t. the
     images. Images are resized and cropped to the model's input size by the shared tensor
@@ -311,31 +310,20 @@ class ClipIQAReward(Reward):
     embedding to take images at any size).
     """
 
-    differentiable = True
+    default_models = CLIP_IQA_DEFAULT_MODELS
 
     def __init__(
         self,
         backend: str = "open_clip",
         model: str | os.PathLike | torch.nn.Module | None = None,
-        pretrained: str | os.PathLike | None = "openai",
-        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
-        processor: str | os.PathLike | Any = None,
         prompt_pairs: Sequence[tuple[str, str]] = CLIP_IQA_PAIRS,
         logit_scale: float | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        strict: bool = False,
-        **backend_kwargs: Any,
+        **embedder_options: Any,
     ) -> None:
-        super().__init__(strict=strict)
         pairs = [tuple(pair) for pair in prompt_pairs]
         if not pairs or any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"prompt_pairs must be (positive, negative) pairs, got {prompt_pairs!r}")
-        if model is None:
-            model = CLIP_IQA_DEFAULT_MODELS.get(backend, "RN50")
-        self.embedder = load_backend_embedder(
-            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
-        )
+        super().__init__(backend, model, **embedder_options)
         self.prompt_pairs = pairs
         self.fixed_logit_scale = logit_scale
 
