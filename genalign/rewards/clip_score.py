@@ -35,7 +35,7 @@ def add_prefix(prompts: Sequence[str], prefix: str | None) -> list[str]:
 
 
 @register_reward("clip")
-class ClipScoreReward(CLIPBackendReward):
+class CLIPScoreReward(CLIPBackendReward):
     """CLIPScore (Hessel et al. 2021) or raw CLIP cosine between each image and its prompt.
 
     Args:
@@ -79,3 +79,7 @@ class ClipScoreReward(CLIPBackendReward):
 
     def extra_repr(self) -> str:
         return f"convention={self.convention!r}, w={self.w}, prefix={self.prefix!r}"
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipScoreReward = CLIPScoreReward

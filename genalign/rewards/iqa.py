@@ -291,7 +291,7 @@ CLIP_IQA_DEFAULT_MODELS = {"open_clip": "RN50", "transformers": "openai/clip-vit
 
 
 @register_reward("clip_iqa")
-class ClipIQAReward(CLIPBackendReward):
+class CLIPIQAReward(CLIPBackendReward):
     """CLIP-IQA (Wang et al., AAAI 2023): P(positive prompt) over antonym prompt pairs.
 
     Args:
@@ -340,3 +340,7 @@ class ClipIQAReward(CLIPBackendReward):
 
     def extra_repr(self) -> str:
         return f"prompt_pairs={self.prompt_pairs}, logit_scale={self.fixed_logit_scale}"
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipIQAReward = CLIPIQAReward
