@@ -14,7 +14,7 @@ from diffusers.pipelines.sana.pipeline_sana import (
 )
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
-from genalign.pipelines.guidance import apply_guidance
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
 from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGSanaPipeline"]
@@ -101,9 +101,7 @@ class RLGSanaPipeline(RLGMixin, SanaPipeline):
                 max_sequence_length=max_sequence_length,
                 complex_human_instruction=complex_human_instruction,
             )
-            if do_cfg:
-                return torch.cat([negative, positive], dim=0), torch.cat([negative_mask, mask], dim=0)
-            return positive, mask
+            return cfg_batch(negative, positive, do_cfg), cfg_batch(negative_mask, mask, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)

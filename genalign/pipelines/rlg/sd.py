@@ -6,7 +6,7 @@ import torch
 from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
-from genalign.pipelines.guidance import apply_guidance
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
 from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGStableDiffusionPipeline"]
@@ -66,7 +66,7 @@ class RLGStableDiffusionPipeline(RLGMixin, StableDiffusionPipeline):
             positive, negative = self.encode_prompt(
                 prompt, device, num_images_per_prompt, do_cfg, negative_prompt
             )
-            return torch.cat([negative, positive]) if do_cfg else positive
+            return cfg_batch(negative, positive, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)

@@ -7,7 +7,7 @@ from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
-from genalign.pipelines.guidance import apply_guidance
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
 from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGStableDiffusion3Pipeline"]
@@ -76,9 +76,7 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
                 num_images_per_prompt=num_images_per_prompt,
                 max_sequence_length=max_sequence_length,
             )
-            if do_cfg:
-                return torch.cat([negative, positive]), torch.cat([negative_pooled, pooled])
-            return positive, pooled
+            return cfg_batch(negative, positive, do_cfg), cfg_batch(negative_pooled, pooled, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)
