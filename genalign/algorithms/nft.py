@@ -21,6 +21,8 @@ official code's ``return_decay`` with ``decay_type=1``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["nft_loss", "nft_loss_in_x0", "nft_old_policy_decay", "optimality_probability"]
@@ -49,13 +51,10 @@ def nft_loss(
     x_t: torch.Tensor,
     t: torch.Tensor,
     advantages: torch.Tensor,
-    beta: float = 1.0,
-    advantage_clip: float = 5.0,
-    adaptive_weighting: bool = True,
-    weight_min: float = 1e-5,
+    **options: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-sample DiffusionNFT loss ``[B]`` for a rectified flow (eq. 8 with the official adaptive
-    weighting and c / beta).
+    weighting and c / beta): :func:`nft_loss_in_x0` with the velocity parameterisation.
 
     Args:
         v_theta: ``[B, ...]`` velocity of the trained policy at (x_t, t) (with gradients).
@@ -63,8 +62,10 @@ def nft_loss(
         x0: ``[B, ...]`` clean samples; x_t: ``[B, ...]`` = (1 - t) x0 + t eps.
         t: ``[B]`` noise levels in (0, 1].
         advantages: ``[B]`` group advantages.
-        adaptive_weighting: divide each x0-space squared error by its stop-gradient mean absolute
-            error (the official code); False gives the plain velocity losses of eq. 8.
+        **options: ``beta`` (1.0), ``advantage_clip`` (5.0), ``adaptive_weighting`` (True: divide
+            each x0-space squared error by its stop-gradient mean absolute error, the official
+            code; False gives the plain velocity losses of eq. 8) and ``weight_min`` (1e-5), as
+            :func:`nft_loss_in_x0` takes them.
     """
     t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
     v_old = v_old.detach()
@@ -76,10 +77,7 @@ def nft_loss(
         x_t - t_b * v_old,
         x0,
         advantages,
-        beta=beta,
-        advantage_clip=advantage_clip,
-        adaptive_weighting=adaptive_weighting,
-        weight_min=weight_min,
+        **options,
     )
 
 

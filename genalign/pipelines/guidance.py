@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_guidance", "guided_prediction", "rlg_combine"]
+__all__ = ["apply_guidance", "cfg_batch", "guided_prediction", "rlg_combine"]
 
 
 def guided_prediction(uncond: torch.Tensor, cond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     """``uncond + guidance_scale * (cond - uncond)``: two predictions of one step, same shape."""
     return uncond + guidance_scale * (cond - uncond)
+
+
+def cfg_batch(negative: torch.Tensor | None, positive: torch.Tensor, do_cfg: bool = True) -> torch.Tensor:
+    """The ``[uncond; cond]`` batch ``[2B, ...]`` of a conditioning tensor (prompt embeds, pooled
+    embeds, attention mask) that :func:`apply_guidance` later splits; ``positive`` ``[B, ...]``
+    alone without ``do_cfg``."""
+    return torch.cat([negative, positive]) if do_cfg else positive
 
 
 def apply_guidance(prediction: torch.Tensor, guidance_scale: float, do_cfg: bool = True) -> torch.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from diffusers import StableDiffusionXLPipeline
 
+from genalign.pipelines.guidance import cfg_batch
+
 __all__ = ["encode_sdxl_prompt"]
 
 
@@ -39,10 +41,8 @@ def encode_sdxl_prompt(
         dtype=embeds.dtype,
         text_encoder_projection_dim=projection_dim,
     )
-    if do_cfg:
-        embeds = torch.cat([negative_embeds, embeds], dim=0)
-        pooled = torch.cat([negative_pooled, pooled], dim=0)
-        time_ids = torch.cat([time_ids, time_ids], dim=0)
+    embeds, pooled = cfg_batch(negative_embeds, embeds, do_cfg), cfg_batch(negative_pooled, pooled, do_cfg)
+    time_ids = cfg_batch(time_ids, time_ids, do_cfg)
     batch = (1 if isinstance(prompt, str) else len(prompt)) * num_images_per_prompt
     time_ids = time_ids.to(device).repeat(batch, 1)
     return embeds.to(device), {"text_embeds": pooled.to(device), "time_ids": time_ids}

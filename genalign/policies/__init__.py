@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from genalign.policies.base import DiffusionPolicy, LoraSpec, check_group_size
+from genalign.policies.base import DiffusionPolicy, LoRASpec, LoraSpec, check_group_size
 from genalign.policies.consistency import ConsistencyPolicy
 from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
 from genalign.policies.model_folder import check_model_folder
@@ -50,7 +50,8 @@ __all__ = [
     "DiffusionPolicy",
     "FlowPolicy",
     "FluxPolicy",
-    "LoraSpec",
+    "LoRASpec",
+    "LoraSpec",  # deprecated alias of LoRASpec
     "RolloutSettings",
     "SD3Policy",
     "SDPolicy",

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class LoraSpec:
+class LoRASpec:
     """LoRA on the denoiser through peft (``init_lora_weights="gaussian"`` leaves B = 0, so a
     fresh adapter does not change the model)."""
 
@@ -107,7 +107,7 @@ class DiffusionPolicy(torch.nn.Module):
 
     Args:
         pipeline: a loaded diffusers pipeline of the family.
-        lora: a :class:`LoraSpec` (or its dict) to train LoRA adapters, or None for full fine-tuning.
+        lora: a :class:`LoRASpec` (or its dict) to train LoRA adapters, or None for full fine-tuning.
         train: whether the denoiser is to be trained at all (False for frozen inference).
         device, dtype: where and in what precision the frozen weights live (LoRA stays fp32).
     """
@@ -115,11 +115,12 @@ class DiffusionPolicy(torch.nn.Module):
     family: str = "base"
     default_steps: int = 20
     default_guidance_scale: float = 5.0
+    denoiser_name: str  # the pipeline component that is trained ("unet", "transformer")
 
     def __init__(
         self,
         pipeline: Any,
-        lora: LoraSpec | dict | None = None,
+        lora: LoRASpec | dict | None = None,
         train: bool = True,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
@@ -141,7 +142,7 @@ class DiffusionPolicy(torch.nn.Module):
         # Read once: diffusers' ``ModelMixin.dtype`` walks every submodule (ms per call on real
         # models), far too slow to ask on each denoising step.
         self.model_dtype = self.denoiser.dtype
-        self.lora = LoraSpec(**lora) if isinstance(lora, dict) else lora
+        self.lora = LoRASpec(**lora) if isinstance(lora, dict) else lora
         self._reference_denoiser: torch.nn.Module | None = None
         denoiser = self.denoiser
         denoiser.requires_grad_(False)
@@ -183,7 +184,7 @@ class DiffusionPolicy(torch.nn.Module):
     def from_pretrained(
         cls,
         path: str | Path,
-        lora: LoraSpec | dict | None = None,
+        lora: LoRASpec | dict | None = None,
         train: bool = True,
         dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
@@ -210,7 +211,8 @@ class DiffusionPolicy(torch.nn.Module):
     # ---- family hooks --------------------------------------------------------------------------
     @property
     def denoiser(self) -> torch.nn.Module:
-        raise NotImplementedError
+        """The trained network: the pipeline's component named ``denoiser_name``."""
+        return getattr(self.pipeline, self.denoiser_name)
 
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Modules never trained (VAE, text encoders)."""
@@ -319,7 +321,11 @@ class DiffusionPolicy(torch.nn.Module):
             yield self  # nothing is trained: the policy is its own reference
 
     def _swap_denoiser(self, module: torch.nn.Module) -> None:
-        raise NotImplementedError
+        setattr(self.pipeline, self.denoiser_name, module)
+
+    def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
+        """The scheduler's timesteps ``[B]`` at per-sample grid ``step_index`` [B], on the policy's device."""
+        return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
 
     def make_settings(
         self,
@@ -590,3 +596,7 @@ class DiffusionPolicy(torch.nn.Module):
             step_indices = torch.tensor(list(step_indices), dtype=torch.long)[None].expand(batch, -1)
         columns = [self.step(trajectory, step_indices[:, k]).log_prob for k in range(step_indices.shape[1])]
         return torch.stack(columns, dim=1)
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+LoraSpec = LoRASpec

@@ -69,14 +69,8 @@ class ConsistencyPolicy(SDPolicy):
             return last_step.pred_original_sample.to(last_step.prev_sample.dtype)
         return last_step.prev_sample
 
-    def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
-        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
-        return consistency_step(
-            self.scheduler,
-            model_output,
-            t,
-            latents,
-            prev_sample=prev_sample,
-            generator=generator,
-            final_noise=settings.lcm_final_noise,
-        )
+    step_kernel = staticmethod(consistency_step)
+
+    def kernel_options(self, settings: RolloutSettings) -> dict[str, Any]:
+        """RLCM's re-noised last step (``settings.lcm_final_noise``)."""
+        return {"final_noise": settings.lcm_final_noise}

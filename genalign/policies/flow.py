@@ -32,6 +32,32 @@ def _calculate_shift(seq_len: int, config: Any, default_max_shift: float) -> flo
     return seq_len * slope + base_shift - slope * base_len
 
 
+def _conditioning(
+    second_name: str,
+    positive: tuple[torch.Tensor, torch.Tensor],
+    negative: tuple[torch.Tensor, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """``prompt_embeds`` and the family's second prompt tensor (``second_name``: pooled embeds or
+    an attention mask), plus their ``negative_*`` pair when CFG runs (``negative`` given)."""
+    cond = {"prompt_embeds": positive[0], second_name: positive[1]}
+    if negative is not None:
+        cond.update({"negative_prompt_embeds": negative[0], f"negative_{second_name}": negative[1]})
+    return cond
+
+
+def _cfg_batch(
+    latents: torch.Tensor, t: torch.Tensor, conditioning: dict[str, torch.Tensor], second_name: str, cfg: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(latents, timesteps, prompt_embeds, second tensor)`` for one transformer call: as given,
+    or under CFG one batch ``[uncond; cond]`` of twice the size (:func:`_conditioning`'s keys)."""
+    embeds, second = conditioning["prompt_embeds"], conditioning[second_name]
+    if cfg:
+        latents, t = torch.cat([latents, latents]), torch.cat([t, t])
+        embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
+        second = torch.cat([conditioning[f"negative_{second_name}"], second])
+    return latents, t, embeds, second
+
+
 class FlowPolicy(DiffusionPolicy):
     """Base of the flow-matching architectures; use :meth:`from_pretrained` to get the right one."""
 
@@ -39,12 +65,7 @@ class FlowPolicy(DiffusionPolicy):
     default_steps = 10
     default_guidance_scale = 4.5
 
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipeline.transformer
-
-    def _swap_denoiser(self, module: torch.nn.Module) -> None:
-        self.pipeline.transformer = module
+    denoiser_name = "transformer"
 
     @classmethod
     def for_pipeline(cls, pipeline: Any) -> type[FlowPolicy]:
@@ -64,6 +85,16 @@ class FlowPolicy(DiffusionPolicy):
     def default_size(self) -> tuple[int, int]:
         size = self.pipeline.transformer.config.sample_size * self.pipeline.vae_scale_factor
         return size, size
+
+    def latents_dtype(self) -> torch.dtype:
+        """The dtype the pipeline's ``prepare_latents`` draws the initial noise in."""
+        return self.model_dtype
+
+    def prepare_latents(self, batch_size, height, width, generators):
+        channels = self.pipeline.transformer.config.in_channels
+        return self.pipeline.prepare_latents(
+            batch_size, channels, height, width, self.latents_dtype(), self.device, generators
+        )
 
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
         return flow_sde_step(
@@ -94,9 +125,6 @@ class FlowPolicy(DiffusionPolicy):
         sigma = self._sigma(step_index, x_t)
         return x_t.float() - sigma * model_output.float()
 
-    def _timestep(self, step_index: torch.Tensor) -> torch.Tensor:
-        return self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
-
     @staticmethod
     def _guided(out: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:
         uncond, text = out.chunk(2)
@@ -116,17 +144,7 @@ class SD3Policy(FlowPolicy):
             do_classifier_free_guidance=cfg,
             negative_prompt=[negative_prompt] * len(prompts) if cfg else None,
         )
-        cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
-        if cfg:
-            cond.update(negative_prompt_embeds=npe, negative_pooled_prompt_embeds=npooled)
-        return cond
-
-    def prepare_latents(self, batch_size, height, width, generators):
-        channels = self.pipeline.transformer.config.in_channels
-        dtype = self.model_dtype
-        return self.pipeline.prepare_latents(
-            batch_size, channels, height, width, dtype, self.device, generators
-        )
+        return _conditioning("pooled_prompt_embeds", (pe, pooled), (npe, npooled) if cfg else None)
 
     def set_timesteps(self, num_inference_steps, latents):
         kwargs = {}
@@ -141,11 +159,7 @@ class SD3Policy(FlowPolicy):
         transformer = self.pipeline.transformer
         cfg = settings.guidance_scale > 1.0
         t = self._timestep(step_index)
-        x, embeds, pooled = latents, conditioning["prompt_embeds"], conditioning["pooled_prompt_embeds"]
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-            embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
-            pooled = torch.cat([conditioning["negative_pooled_prompt_embeds"], pooled])
+        x, t, embeds, pooled = _cfg_batch(latents, t, conditioning, "pooled_prompt_embeds", cfg)
         out = transformer(
             hidden_states=x.to(self.model_dtype),
             timestep=t,
@@ -183,13 +197,12 @@ class FluxPolicy(FlowPolicy):
 
     def encode_prompts(self, prompts, guidance_scale, negative_prompt):
         pe, pooled, _ = self.pipeline.encode_prompt(prompt=prompts, prompt_2=None, device=self.device)
-        cond = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+        negative = None
         if self._uses_cfg(guidance_scale):
-            npe, npooled, _ = self.pipeline.encode_prompt(
+            negative = self.pipeline.encode_prompt(
                 prompt=[negative_prompt] * len(prompts), prompt_2=None, device=self.device
-            )
-            cond.update(negative_prompt_embeds=npe, negative_pooled_prompt_embeds=npooled)
-        return cond
+            )[:2]
+        return _conditioning("pooled_prompt_embeds", (pe, pooled), negative)
 
     def prepare_latents(self, batch_size, height, width, generators):
         channels = self.pipeline.transformer.config.in_channels // 4
@@ -269,16 +282,10 @@ class SanaPolicy(FlowPolicy):
             max_sequence_length=self._call_default("max_sequence_length"),
             complex_human_instruction=self._call_default("complex_human_instruction"),
         )
-        cond = {"prompt_embeds": pe, "prompt_attention_mask": mask}
-        if cfg:
-            cond.update(negative_prompt_embeds=npe, negative_prompt_attention_mask=nmask)
-        return cond
+        return _conditioning("prompt_attention_mask", (pe, mask), (npe, nmask) if cfg else None)
 
-    def prepare_latents(self, batch_size, height, width, generators):
-        channels = self.pipeline.transformer.config.in_channels
-        return self.pipeline.prepare_latents(
-            batch_size, channels, height, width, torch.float32, self.device, generators
-        )
+    def latents_dtype(self) -> torch.dtype:
+        return torch.float32  # as SanaPipeline: fp32 latents, cast for each transformer call
 
     def set_timesteps(self, num_inference_steps, latents):
         self.scheduler.set_timesteps(num_inference_steps, device=self.device)
@@ -288,11 +295,7 @@ class SanaPolicy(FlowPolicy):
         transformer = self.pipeline.transformer
         cfg = settings.guidance_scale > 1.0
         t = self._timestep(step_index) * transformer.config.timestep_scale
-        x, embeds, mask = latents, conditioning["prompt_embeds"], conditioning["prompt_attention_mask"]
-        if cfg:
-            x, t = torch.cat([x, x]), torch.cat([t, t])
-            embeds = torch.cat([conditioning["negative_prompt_embeds"], embeds])
-            mask = torch.cat([conditioning["negative_prompt_attention_mask"], mask])
+        x, t, embeds, mask = _cfg_batch(latents, t, conditioning, "prompt_attention_mask", cfg)
         out = transformer(
             x.to(self.model_dtype),
             encoder_hidden_states=embeds.to(self.model_dtype),

@@ -24,12 +24,7 @@ class SDPolicy(DiffusionPolicy):
     default_steps = 50
     default_guidance_scale = 5.0
 
-    @property
-    def denoiser(self) -> torch.nn.Module:
-        return self.pipeline.unet
-
-    def _swap_denoiser(self, module: torch.nn.Module) -> None:
-        self.pipeline.unet = module
+    denoiser_name = "unet"
 
     @property
     def is_sdxl(self) -> bool:
@@ -114,7 +109,7 @@ class SDPolicy(DiffusionPolicy):
     ) -> torch.Tensor:
         unet = self.pipeline.unet
         cfg = self.uses_cfg(settings.guidance_scale)
-        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)  # (B,)
+        t = self._timestep(step_index)  # (B,)
         embeds = conditioning["prompt_embeds"]
         model_input = latents
         if cfg:  # one batched call on [uncond; cond]
@@ -178,16 +173,21 @@ class SDPolicy(DiffusionPolicy):
             return out
         raise ValueError(f"unknown prediction_type {kind!r} of the scheduler")
 
+    step_kernel = staticmethod(ddim_step)  # the step kernel of this family, called by :meth:`kernel`
+
+    def kernel_options(self, settings: RolloutSettings) -> dict[str, Any]:
+        """The options of :attr:`step_kernel` that ``settings`` decide (DDIM's ``eta``)."""
+        return {"eta": settings.eta}
+
     def kernel(self, model_output, step_index, latents, settings, prev_sample, generator) -> StepOutput:
-        t = self.scheduler.timesteps[step_index.to(self.scheduler.timesteps.device)].to(self.device)
-        return ddim_step(
+        return self.step_kernel(
             self.scheduler,
             model_output,
-            t,
+            self._timestep(step_index),
             latents,
-            eta=settings.eta,
             prev_sample=prev_sample,
             generator=generator,
+            **self.kernel_options(settings),
         )
 
     def decode(self, latents: torch.Tensor, settings: RolloutSettings) -> torch.Tensor:

@@ -26,21 +26,36 @@ from __future__ import annotations
 from genalign.rewards.aesthetic import AestheticMLP, AestheticReward
 from genalign.rewards.base import REWARDS, Reward, RewardOutput, list_rewards, load_reward, register_reward
 from genalign.rewards.clip_models import (
+    CLIPBackendReward,
+    CLIPEmbedder,
     ClipEmbedder,
+    OpenCLIPEmbedder,
     OpenClipEmbedder,
+    TransformersCLIPEmbedder,
     TransformersClipEmbedder,
     load_clip_embedder,
     register_open_clip_config,
 )
-from genalign.rewards.clip_score import ClipScoreReward
+from genalign.rewards.clip_score import CLIPScoreReward, ClipScoreReward
 from genalign.rewards.ensemble import EnsembleReward
 from genalign.rewards.hps import HPSv2Reward
-from genalign.rewards.iqa import ClipIQAReward, VLMQualityReward, rollout_variance, uncertainty_weights
-from genalign.rewards.jpeg import JpegCompressibilityReward, JpegIncompressibilityReward
+from genalign.rewards.iqa import (
+    CLIPIQAReward,
+    ClipIQAReward,
+    VLMQualityReward,
+    rollout_variance,
+    uncertainty_weights,
+)
+from genalign.rewards.jpeg import (
+    JPEGCompressibilityReward,
+    JpegCompressibilityReward,
+    JPEGIncompressibilityReward,
+    JpegIncompressibilityReward,
+)
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
-from genalign.rewards.vlm import VLMJudge, load_vlm, resolve_word_ids
+from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
 
 # The toy world's verifier lives above this package (genalign.toy sits on the library); the
@@ -49,7 +64,7 @@ REWARDS.add_lazy("shapes_eval", "genalign.toy.shapes_eval:ShapesEvalReward")
 
 __all__ = [
     "REWARDS",
-    "ClipIQAReward",
+    "CLIPIQAReward",
     "VLMJudge",
     "VLMQualityReward",
     "VLMYesReward",
@@ -59,23 +74,33 @@ __all__ = [
     "uncertainty_weights",
     "AestheticMLP",
     "AestheticReward",
-    "ClipEmbedder",
-    "ClipScoreReward",
+    "CLIPEmbedder",
+    "CLIPScoreReward",
     "EnsembleReward",
     "HPSv2Reward",
-    "JpegCompressibilityReward",
-    "JpegIncompressibilityReward",
-    "OpenClipEmbedder",
+    "JPEGCompressibilityReward",
+    "JPEGIncompressibilityReward",
+    "OpenCLIPEmbedder",
     "PickScoreReward",
     "PreprocessConfig",
     "Reward",
     "RewardOutput",
     "SVGFidelityReward",
-    "TransformersClipEmbedder",
+    "TransformersCLIPEmbedder",
     "list_rewards",
     "load_clip_embedder",
     "load_reward",
     "preprocess_images",
     "register_open_clip_config",
     "register_reward",
+    "CLIPBackendReward",
+    "VLMJudgeReward",
+    # deprecated aliases of the CLIP... / JPEG... names above
+    "ClipEmbedder",
+    "ClipIQAReward",
+    "ClipScoreReward",
+    "JpegCompressibilityReward",
+    "JpegIncompressibilityReward",
+    "OpenClipEmbedder",
+    "TransformersClipEmbedder",
 ]

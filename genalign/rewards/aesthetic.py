@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward
+from genalign.rewards.base import RewardOutput, register_reward
 from genalign.rewards.checkpoints import load_state_dict_file, resolve_checkpoint
-from genalign.rewards.clip_models import load_clip_embedder
+from genalign.rewards.clip_models import CLIPBackendReward
 
 AESTHETIC_REPO = "camenduru/improved-aesthetic-predictor"
 AESTHETIC_CHECKPOINT = "sac+logos+ava1-l14-linearMSE.pth"
@@ -64,7 +64,7 @@ class AestheticMLP(nn.Module):
 
 
 @register_reward("aesthetic")
-class AestheticReward(Reward):
+class AestheticReward(CLIPBackendReward):
     """LAION aesthetic score (improved-aesthetic-predictor, as in DDPO) of each image.
 
     Args:
@@ -82,7 +82,7 @@ class AestheticReward(Reward):
     Stable Diffusion samples typically score 4.5-7). Prompts are ignored. Differentiable w.r.t. the images.
     """
 
-    differentiable = True
+    default_models = DEFAULT_MODELS
 
     def __init__(
         self,
@@ -97,17 +97,11 @@ class AestheticReward(Reward):
         dtype: str | torch.dtype | None = None,
         strict: bool = False,
     ) -> None:
-        super().__init__(strict=strict)
         path = resolve_checkpoint(
             checkpoint, repo_id=hub_repo, filename=AESTHETIC_CHECKPOINT, what="aesthetic predictor checkpoint"
         )
         head = AestheticMLP.from_checkpoint(path)
-        kwargs: dict[str, Any] = {"model": model if model is not None else DEFAULT_MODELS.get(backend)}
-        if backend == "open_clip":
-            kwargs.update(pretrained=pretrained, model_config=model_config)
-        elif processor is not None:
-            kwargs.update(processor=processor)
-        self.embedder = load_clip_embedder(backend, device=device, dtype=dtype, **kwargs)
+        super().__init__(backend, model, pretrained, model_config, processor, device, dtype, strict)
         if self.embedder.embed_dim not in (None, head.input_size):
             raise ValueError(
                 f"aesthetic: the CLIP model gives {self.embedder.embed_dim}-d image embeddings but the head "

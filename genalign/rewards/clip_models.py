@@ -1,6 +1,6 @@
 """One CLIP embedding helper for every CLIP-family reward (CLIPScore, PickScore, HPS, aesthetic).
 
-A :class:`ClipEmbedder` wraps a CLIP model of either library behind two calls::
+A :class:`CLIPEmbedder` wraps a CLIP model of either library behind two calls::
 
     image_features = embedder.encode_images(images)   # [B, 3, H, W] in [0, 1] -> [B, D], float32
     text_features = embedder.encode_texts(prompts)    # list of N strings     -> [N, D], float32
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from genalign.rewards.base import Reward
 from genalign.rewards.checkpoints import looks_like_local_path, require_file
 from genalign.rewards.preprocess import ImagePreprocessor, PreprocessConfig
 
@@ -53,7 +54,7 @@ def _features(output: Any) -> torch.Tensor:
     return output if torch.is_tensor(output) else output.pooler_output
 
 
-class ClipEmbedder(torch.nn.Module):
+class CLIPEmbedder(torch.nn.Module):
     """Base class: preprocessing + a frozen CLIP model; subclasses provide the two feature calls.
 
     Attributes:
@@ -143,7 +144,7 @@ def register_open_clip_config(name: str, config: Mapping[str, Any] | str | os.Pa
     return name
 
 
-class OpenClipEmbedder(ClipEmbedder):
+class OpenCLIPEmbedder(CLIPEmbedder):
     """CLIP embeddings from an open_clip model (any architecture, tag or checkpoint file).
 
     Args:
@@ -171,7 +172,7 @@ class OpenClipEmbedder(ClipEmbedder):
 
         if isinstance(model, torch.nn.Module):
             if tokenizer is None:
-                raise ValueError("OpenClipEmbedder: pass tokenizer= together with a built model")
+                raise ValueError("OpenCLIPEmbedder: pass tokenizer= together with a built model")
             clip = model
         else:
             if model_config is not None:
@@ -205,7 +206,7 @@ class OpenClipEmbedder(ClipEmbedder):
 # -- transformers --------------------------------------------------------------------------------
 
 
-class TransformersClipEmbedder(ClipEmbedder):
+class TransformersCLIPEmbedder(CLIPEmbedder):
     """CLIP embeddings from a transformers ``CLIPModel`` (hub id, folder, or built model).
 
     Args:
@@ -229,7 +230,7 @@ class TransformersClipEmbedder(ClipEmbedder):
         if isinstance(model, torch.nn.Module):
             clip = model
             if processor is None:
-                raise ValueError("TransformersClipEmbedder: pass processor= together with a built model")
+                raise ValueError("TransformersCLIPEmbedder: pass processor= together with a built model")
         else:
             model = _check_pretrained_source(model, "CLIP model")
             clip = CLIPModel.from_pretrained(model)
@@ -273,12 +274,12 @@ def _check_pretrained_source(source: str | os.PathLike, what: str) -> str:
     return os.path.expanduser(source) if looks_like_local_path(source) else source
 
 
-def load_clip_embedder(backend: str = "open_clip", **kwargs: Any) -> ClipEmbedder:
-    """Build a :class:`ClipEmbedder` for ``backend`` ("open_clip" or "transformers")."""
+def load_clip_embedder(backend: str = "open_clip", **kwargs: Any) -> CLIPEmbedder:
+    """Build a :class:`CLIPEmbedder` for ``backend`` ("open_clip" or "transformers")."""
     if backend == "open_clip":
-        return OpenClipEmbedder(**kwargs)
+        return OpenCLIPEmbedder(**kwargs)
     if backend == "transformers":
-        return TransformersClipEmbedder(**kwargs)
+        return TransformersCLIPEmbedder(**kwargs)
     raise ValueError(f"unknown CLIP backend {backend!r}; choose one of {BACKENDS}")
 
 
@@ -289,7 +290,7 @@ def load_backend_embedder(
     model_config: Any = None,
     processor: Any = None,
     **kwargs: Any,
-) -> ClipEmbedder:
+) -> CLIPEmbedder:
     """:func:`load_clip_embedder` from a reward's usual arguments: ``pretrained`` and
     ``model_config`` go to open_clip, ``processor`` (when given) to transformers; the other backend
     ignores them."""
@@ -298,3 +299,51 @@ def load_backend_embedder(
     elif processor is not None:
         kwargs.update(processor=processor)
     return load_clip_embedder(backend, model=model, **kwargs)
+
+
+class CLIPBackendReward(Reward):
+    """Base of the rewards scored with a CLIP model of either backend (``clip``, ``clip_iqa``,
+    ``aesthetic``): it builds :attr:`embedder` from the arguments they all take.
+
+    Args:
+        backend: "open_clip" or "transformers".
+        model: open_clip architecture name (``"ViT-B-32"``, ``"hf-hub:..."``, ``"local-dir:..."``),
+            a transformers ``CLIPModel`` hub id / folder, or a built model; None: the subclass's
+            ``default_models[backend]``.
+        pretrained: open_clip tag (``"openai"``) or checkpoint file (open_clip backend only).
+        model_config: custom open_clip architecture (dict or JSON path), registered as ``model``.
+        processor: transformers processor hub id / folder (default: ``model``).
+        device, dtype: where and in which precision the CLIP model runs.
+        strict: raise on NaN scores.
+        **backend_kwargs: further keyword arguments of the embedder.
+
+    Differentiable: images are preprocessed as tensors (:mod:`genalign.rewards.preprocess`).
+    """
+
+    differentiable = True
+    default_models: Mapping[str, str]  # backend -> the model loaded when ``model`` is None
+
+    def __init__(
+        self,
+        backend: str = "open_clip",
+        model: str | os.PathLike | torch.nn.Module | None = None,
+        pretrained: str | os.PathLike | None = "openai",
+        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
+        processor: str | os.PathLike | Any = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        strict: bool = False,
+        **backend_kwargs: Any,
+    ) -> None:
+        super().__init__(strict=strict)
+        if model is None:
+            model = self.default_models.get(backend, self.default_models["open_clip"])
+        self.embedder = load_backend_embedder(
+            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
+        )
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipEmbedder = CLIPEmbedder
+OpenClipEmbedder = OpenCLIPEmbedder
+TransformersClipEmbedder = TransformersCLIPEmbedder

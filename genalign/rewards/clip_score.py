@@ -12,13 +12,13 @@ embedding of OpenAI's CLIP ViT-B/32. Here any open_clip or transformers CLIP mod
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import load_backend_embedder
+from genalign.rewards.base import RewardOutput, register_reward
+from genalign.rewards.clip_models import CLIPBackendReward
 
 CONVENTIONS = ("clipscore", "cosine")
 PAPER_PREFIX = "A photo depicts"
@@ -35,52 +35,37 @@ def add_prefix(prompts: Sequence[str], prefix: str | None) -> list[str]:
 
 
 @register_reward("clip")
-class ClipScoreReward(Reward):
+class CLIPScoreReward(CLIPBackendReward):
     """CLIPScore (Hessel et al. 2021) or raw CLIP cosine between each image and its prompt.
 
     Args:
         backend: "open_clip" or "transformers".
-        model: open_clip architecture name (``"ViT-B-32"``, ``"hf-hub:..."``, ``"local-dir:..."``)
-            or a transformers ``CLIPModel`` hub id / folder; default: the paper's ViT-B/32
-            (``"ViT-B-32"`` / ``"openai/clip-vit-base-patch32"``).
-        pretrained: open_clip tag (``"openai"``) or checkpoint file (open_clip backend only).
-        model_config: custom open_clip architecture (dict or JSON path), registered as ``model``.
-        processor: transformers processor hub id / folder (default: ``model``).
+        model: the CLIP model (see :class:`~genalign.rewards.clip_models.CLIPBackendReward`);
+            default: the paper's ViT-B/32 (``"ViT-B-32"`` / ``"openai/clip-vit-base-patch32"``).
         convention: "clipscore" -> ``w * max(cos, 0)`` in [0, w]; "cosine" -> cos in [-1, 1].
         w: CLIPScore's rescaling weight (2.5 in the paper).
         prefix: text put before every prompt; the paper uses "A photo depicts" (``PAPER_PREFIX``).
-        device, dtype: where and in which precision the CLIP model runs.
-        strict: raise on NaN scores.
+        pretrained, model_config, processor, device, dtype, strict, **backend_kwargs: as
+            :class:`~genalign.rewards.clip_models.CLIPBackendReward` takes them.
 
     Scores: ``[B]``; range [0, w] (typically 0.5-1.0 for w = 2.5 with ViT-B/32) or [-1, 1].
     Differentiable w.r.t. the images (the ``max(., 0)`` clamp has zero gradient below 0).
     """
 
-    differentiable = True
+    default_models = DEFAULT_MODELS
 
     def __init__(
         self,
         backend: str = "open_clip",
         model: str | os.PathLike | torch.nn.Module | None = None,
-        pretrained: str | os.PathLike | None = "openai",
-        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
-        processor: str | os.PathLike | Any = None,
         convention: str = "clipscore",
         w: float = 2.5,
         prefix: str | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        strict: bool = False,
-        **backend_kwargs: Any,
+        **embedder_options: Any,
     ) -> None:
-        super().__init__(strict=strict)
         if convention not in CONVENTIONS:
             raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-        if model is None:
-            model = DEFAULT_MODELS.get(backend, "ViT-B-32")
-        self.embedder = load_backend_embedder(
-            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
-        )
+        super().__init__(backend, model, **embedder_options)
         self.convention = convention
         self.w = float(w)
         self.prefix = prefix
@@ -94,3 +79,7 @@ class ClipScoreReward(Reward):
 
     def extra_repr(self) -> str:
         return f"convention={self.convention!r}, w={self.w}, prefix={self.prefix!r}"
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipScoreReward = CLIPScoreReward

@@ -23,7 +23,7 @@ import torch
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward
 from genalign.rewards.checkpoints import resolve_checkpoint
-from genalign.rewards.clip_models import OpenClipEmbedder
+from genalign.rewards.clip_models import OpenCLIPEmbedder
 
 HPS_REPO = "xswu/HPSv2"
 HPS_CHECKPOINTS = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
@@ -66,7 +66,7 @@ class HPSv2Reward(Reward):
             checkpoint, repo_id=hub_repo, filename=HPS_CHECKPOINTS[version], what="HPS checkpoint"
         )
         # open_clip's loader unwraps {"state_dict": ...}, strips "module." and reads safetensors.
-        self.embedder = OpenClipEmbedder(
+        self.embedder = OpenCLIPEmbedder(
             model=model, pretrained=path, model_config=model_config, device=device, dtype=dtype
         )
         self.version = version

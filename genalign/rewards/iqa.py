@@ -51,14 +51,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import load_backend_embedder
+from genalign.rewards.base import RewardOutput, register_reward
+from genalign.rewards.clip_models import CLIPBackendReward
 from genalign.rewards.vlm import (
-    MULTI_TOKEN_POLICIES,
     RATING_TEMPLATES,
-    VLMJudge,
+    VLMJudgeReward,
     aggregate_word_logits,
-    resolve_word_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,12 +134,11 @@ def _as_level_sets(levels: Any) -> list[dict[str, float]]:
 
 
 @register_reward("iqa")
-class VLMQualityReward(Reward):
+class VLMQualityReward(VLMJudgeReward):
     """Expected quality rating of a VLM: Q-Align, Q-Boost (see the module docstring).
 
     Args:
-        model: VLM hub id / folder (``AutoModelForImageTextToText``) or a built model.
-        processor: hub id / folder (``AutoProcessor``) or a built processor (default: ``model``).
+        model, processor: the VLM (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
         preset: "qalign" (one prompt, 5 levels, score in [1, 5]) or "qboost" (4 prompts, the
             good/average/poor triad, score in [0, 1]); ``prompts`` / ``levels`` override it.
         prompts: ``(question, answer_prefix)`` pairs, averaged (multi-prompt ensemble).
@@ -153,18 +150,17 @@ class VLMQualityReward(Reward):
         sample_temperature: temperature of the rating-word distribution they are drawn from.
         seed: seed of the sampling generator (None: the global RNG).
         uncertainty_alpha: Q-Hawkeye's alpha for ``details["uncertainty_weight"]``.
-        rating_templates, multi_token: surface forms of the rating words and the multi-token
-            policy (see :func:`~genalign.rewards.vlm.word_token_ids`).
-        batch_size, pad_to_square, device, dtype, trust_remote_code, **model_kwargs: the VLM.
-        strict: raise on NaN scores.
+        rating_templates: surface forms of the rating words.
+        multi_token, strict, **judge_options: the multi-token policy (see
+            :func:`~genalign.rewards.vlm.word_token_ids`), raising on NaN scores, and the VLM's
+            ``batch_size``, ``pad_to_square``, ``device``, ``dtype``, ``trust_remote_code`` and
+            model keyword arguments (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
 
     Scores ``[B]`` in [min value, max value] of the levels ([0, 1] with ``rescale``).
     Details: ``member_scores`` ``[B, M]`` (each prompt x level set), and with sampling
     ``score_mean``, ``score_var``, ``uncertainty_weight`` ``[B]`` and ``samples`` ``[B, N]``.
     Not differentiable (images go through the processor as 8-bit PIL images).
     """
-
-    differentiable = False
 
     def __init__(
         self,
@@ -180,36 +176,29 @@ class VLMQualityReward(Reward):
         seed: int | None = None,
         uncertainty_alpha: float = 0.2,
         rating_templates: Sequence[str] = RATING_TEMPLATES,
-        multi_token: str = "fallback",
-        batch_size: int = 8,
-        pad_to_square: bool = False,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        trust_remote_code: bool = False,
-        strict: bool = False,
-        **model_kwargs: Any,
+        **judge_options: Any,
     ) -> None:
-        super().__init__(strict=strict)
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-        if multi_token not in MULTI_TOKEN_POLICIES:
-            raise ValueError(f"multi_token must be one of {MULTI_TOKEN_POLICIES}, got {multi_token!r}")
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         if sample_temperature <= 0:
             raise ValueError(f"sample_temperature must be > 0, got {sample_temperature}")
         preset_prompts, preset_levels = PRESETS[preset]
-        self.prompts = [(str(q), str(a)) for q, a in (prompts if prompts is not None else preset_prompts)]
-        if not self.prompts:
+        chat_prompts = [(str(q), str(a)) for q, a in (prompts if prompts is not None else preset_prompts)]
+        if not chat_prompts:
             raise ValueError("prompts must hold at least one (question, answer_prefix) pair")
-        self.level_sets = _as_level_sets(levels if levels is not None else preset_levels)
-        ranges = {(min(s.values()), max(s.values())) for s in self.level_sets}
+        level_sets = _as_level_sets(levels if levels is not None else preset_levels)
+        ranges = {(min(s.values()), max(s.values())) for s in level_sets}
         if any(lo == hi for lo, hi in ranges):
-            raise ValueError(f"a level set has all values equal: {self.level_sets}")
+            raise ValueError(f"a level set has all values equal: {level_sets}")
         if len(ranges) > 1 and not rescale:
             raise ValueError(
                 f"level sets span different ranges {sorted(ranges)}; pass rescale=True to average them on [0, 1]"
             )
+        super().__init__(model, processor, **judge_options)
+        self.prompts = chat_prompts
+        self.level_sets = level_sets
         self.rescale = bool(rescale)
         self.score_range = (0.0, 1.0) if rescale else next(iter(ranges))
         self.system_prompt = system_prompt
@@ -217,20 +206,7 @@ class VLMQualityReward(Reward):
         self.sample_temperature = float(sample_temperature)
         self.seed = seed
         self.uncertainty_alpha = float(uncertainty_alpha)
-        self.judge = VLMJudge(
-            model,
-            processor,
-            batch_size=batch_size,
-            pad_to_square=pad_to_square,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            **model_kwargs,
-        )
-        self.word_ids = [
-            resolve_word_ids(self.judge.tokenizer, list(s), rating_templates, multi_token)
-            for s in self.level_sets
-        ]
+        self.word_ids = [self.answer_word_ids(list(s), rating_templates) for s in self.level_sets]
         self._values = [torch.tensor(list(s.values()), dtype=torch.float32) for s in self.level_sets]
 
     def chats(self) -> list[tuple[list[dict], str]]:
@@ -315,19 +291,18 @@ CLIP_IQA_DEFAULT_MODELS = {"open_clip": "RN50", "transformers": "openai/clip-vit
 
 
 @register_reward("clip_iqa")
-class ClipIQAReward(Reward):
+class CLIPIQAReward(CLIPBackendReward):
     """CLIP-IQA (Wang et al., AAAI 2023): P(positive prompt) over antonym prompt pairs.
 
     Args:
         backend: "open_clip" or "transformers".
         model: CLIP model (open_clip name or transformers hub id / folder); default the paper's
             RN50 (open_clip) or ``openai/clip-vit-base-patch32`` (transformers).
-        pretrained, model_config, processor: as for :class:`~genalign.rewards.clip_score.ClipScoreReward`.
         prompt_pairs: ``(positive, negative)`` prompts, averaged; default ("Good photo.", "Bad photo.").
         logit_scale: temperature t multiplying the cosines; default the model's own (100 for
             OpenAI CLIP).
-        device, dtype: where and in which precision the CLIP model runs.
-        strict: raise on NaN scores.
+        pretrained, model_config, processor, device, dtype, strict, **backend_kwargs: as
+            :class:`~genalign.rewards.clip_models.CLIPBackendReward` takes them.
 
     Scores ``[B]`` in [0, 1]; ``details["pair_probs"]`` ``[B, P]``. Differentiable w.r.t. the
     images. Images are resized and cropped to the model's input size by the shared tensor
@@ -335,31 +310,20 @@ class ClipIQAReward(Reward):
     embedding to take images at any size).
     """
 
-    differentiable = True
+    default_models = CLIP_IQA_DEFAULT_MODELS
 
     def __init__(
         self,
         backend: str = "open_clip",
         model: str | os.PathLike | torch.nn.Module | None = None,
-        pretrained: str | os.PathLike | None = "openai",
-        model_config: Mapping[str, Any] | str | os.PathLike | None = None,
-        processor: str | os.PathLike | Any = None,
         prompt_pairs: Sequence[tuple[str, str]] = CLIP_IQA_PAIRS,
         logit_scale: float | None = None,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        strict: bool = False,
-        **backend_kwargs: Any,
+        **embedder_options: Any,
     ) -> None:
-        super().__init__(strict=strict)
         pairs = [tuple(pair) for pair in prompt_pairs]
         if not pairs or any(len(pair) != 2 for pair in pairs):
             raise ValueError(f"prompt_pairs must be (positive, negative) pairs, got {prompt_pairs!r}")
-        if model is None:
-            model = CLIP_IQA_DEFAULT_MODELS.get(backend, "RN50")
-        self.embedder = load_backend_embedder(
-            backend, model, pretrained, model_config, processor, device=device, dtype=dtype, **backend_kwargs
-        )
+        super().__init__(backend, model, **embedder_options)
         self.prompt_pairs = pairs
         self.fixed_logit_scale = logit_scale
 
@@ -376,3 +340,7 @@ class ClipIQAReward(Reward):
 
     def extra_repr(self) -> str:
         return f"prompt_pairs={self.prompt_pairs}, logit_scale={self.fixed_logit_scale}"
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipIQAReward = CLIPIQAReward

@@ -34,7 +34,7 @@ def jpeg_sizes_kb(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
     return torch.tensor(sizes, dtype=torch.float32)
 
 
-class _JpegSizeReward(Reward):
+class _JPEGSizeReward(Reward):
     sign: float = 1.0
 
     def __init__(self, quality: int = 95, strict: bool = False) -> None:
@@ -52,7 +52,7 @@ class _JpegSizeReward(Reward):
 
 
 @register_reward("jpeg_compressibility")
-class JpegCompressibilityReward(_JpegSizeReward):
+class JPEGCompressibilityReward(_JPEGSizeReward):
     """``-size_kB`` of the quality-95 JPEG (DDPO). Scores ``[B]`` < 0: a 512 px image scores about
     -5 (flat grey) to -300 (uniform noise), -40 for a smooth one; ``details["jpeg_kb"]`` holds the
     sizes. Prompts are ignored."""
@@ -61,8 +61,13 @@ class JpegCompressibilityReward(_JpegSizeReward):
 
 
 @register_reward("jpeg_incompressibility")
-class JpegIncompressibilityReward(_JpegSizeReward):
+class JPEGIncompressibilityReward(_JPEGSizeReward):
     """``+size_kB`` of the quality-95 JPEG (DDPO). Scores ``[B]`` > 0 (5 to 300 at 512 px);
     ``details["jpeg_kb"]`` holds the sizes. Prompts are ignored."""
 
     sign = 1.0
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+JpegCompressibilityReward = JPEGCompressibilityReward
+JpegIncompressibilityReward = JPEGIncompressibilityReward

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.rewards.clip_models import TransformersClipEmbedder
+from genalign.rewards.clip_models import TransformersCLIPEmbedder
 
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
 PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -67,7 +67,7 @@ class PickScoreReward(Reward):
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        self.embedder = TransformersClipEmbedder(model=model, processor=processor, device=device, dtype=dtype)
+        self.embedder = TransformersCLIPEmbedder(model=model, processor=processor, device=device, dtype=dtype)
         self.softmax = softmax
 
     def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:

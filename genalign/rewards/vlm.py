@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from genalign.rewards.base import Reward
 from genalign.rewards.checkpoints import looks_like_local_path
 
 logger = logging.getLogger(__name__)
@@ -412,3 +413,43 @@ class VLMJudge(torch.nn.Module):
             decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
             outputs.extend(self.strip_image_tokens(text) for text in decoded)
         return outputs
+
+
+class VLMJudgeReward(Reward):
+    """Base of the rewards read off a :class:`VLMJudge`'s next-token logits (``vlm_yes``, ``iqa``):
+    it holds the judge and the one multi-token policy by which answer words become token ids.
+
+    Args:
+        model: VLM hub id / folder (``AutoModelForImageTextToText``) or a built model.
+        processor: hub id / folder (``AutoProcessor``) or a built processor (default: ``model``).
+        multi_token: how a surface form that is several tokens counts ("fallback", "first",
+            "skip"; see :func:`word_token_ids`).
+        strict: raise on NaN scores.
+        **judge_options: ``batch_size``, ``pad_to_square``, ``device``, ``dtype``,
+            ``trust_remote_code`` and model keyword arguments of :class:`VLMJudge`.
+
+    A subclass checks its own arguments first, then calls this ``__init__``, which checks
+    ``multi_token`` before it loads the VLM.
+    """
+
+    differentiable = False  # images reach the processor as 8-bit PIL images
+
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        processor: str | os.PathLike | Any = None,
+        multi_token: str = "fallback",
+        strict: bool = False,
+        **judge_options: Any,
+    ) -> None:
+        super().__init__(strict=strict)
+        if multi_token not in MULTI_TOKEN_POLICIES:
+            raise ValueError(f"multi_token must be one of {MULTI_TOKEN_POLICIES}, got {multi_token!r}")
+        self.multi_token = multi_token
+        self.judge = VLMJudge(model, processor, **judge_options)
+
+    def answer_word_ids(
+        self, words: Sequence[str | Sequence[str]], templates: Sequence[str]
+    ) -> list[list[int]]:
+        """:func:`resolve_word_ids` of ``words`` with the judge's tokenizer and this reward's policy."""
+        return resolve_word_ids(self.judge.tokenizer, words, templates, self.multi_token)

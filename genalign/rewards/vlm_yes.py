@@ -51,14 +51,12 @@ from typing import Any
 
 import torch
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward, validate_images
+from genalign.rewards.base import RewardOutput, register_reward, validate_images
 from genalign.rewards.vlm import (
-    MULTI_TOKEN_POLICIES,
     YES_NO_TEMPLATES,
-    VLMJudge,
+    VLMJudgeReward,
     aggregate_word_logits,
     as_image_list,
-    resolve_word_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -96,12 +94,11 @@ def _as_group_ids(group_ids: Any, batch: int) -> list[Hashable]:
 
 
 @register_reward("vlm_yes")
-class VLMYesReward(Reward):
+class VLMYesReward(VLMJudgeReward):
     """P("yes") from a VLM: VQAScore (pointwise) or RewardDance (comparative).
 
     Args:
-        model: VLM hub id / folder (``AutoModelForImageTextToText``) or a built model.
-        processor: hub id / folder (``AutoProcessor``) or a built processor (default: ``model``).
+        model, processor: the VLM (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
         mode: "pointwise" (one image) or "comparative" (candidate and reference).
         question_template: the question; ``{prompt}`` is the generation prompt and, in
             comparative mode, ``{criteria}`` the task criteria. Default: VQAScore's question
@@ -123,11 +120,10 @@ class VLMYesReward(Reward):
         yes_words, no_words: the answer words (lower case; several words are synonyms whose
             probabilities add up); their surface forms come from ``answer_templates`` ({w} as
             given, {W} capitalised, {U} upper case).
-        multi_token: how a surface form that is several tokens counts ("fallback", "first", "skip";
-            see :func:`~genalign.rewards.vlm.word_token_ids`).
-        batch_size, pad_to_square, device, dtype, trust_remote_code, **model_kwargs: the VLM
-            (see :class:`~genalign.rewards.vlm.VLMJudge`).
-        strict: raise on NaN scores.
+        multi_token, strict, **judge_options: how a multi-token surface form counts, raising on
+            NaN scores, and the VLM's ``batch_size``, ``pad_to_square``, ``device``, ``dtype``,
+            ``trust_remote_code`` and model keyword arguments
+            (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
 
     Metadata: ``reference_images`` ``[B, 3, H, W]`` (or one ``[3, H, W]`` for all) in [0, 1] for
     ``reference="metadata"``; ``group_ids`` (length B) for the group references.
@@ -136,8 +132,6 @@ class VLMYesReward(Reward):
     ``reference_index`` (group_best), ``reasoning`` (chain of thought: one string per chat, a list
     per image for group_mean).
     """
-
-    differentiable = False
 
     def __init__(
         self,
@@ -158,40 +152,21 @@ class VLMYesReward(Reward):
         yes_words: Sequence[str] = ("yes",),
         no_words: Sequence[str] = ("no",),
         answer_templates: Sequence[str] = YES_NO_TEMPLATES,
-        multi_token: str = "fallback",
-        batch_size: int = 8,
-        pad_to_square: bool = False,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
-        trust_remote_code: bool = False,
-        strict: bool = False,
-        **model_kwargs: Any,
+        **judge_options: Any,
     ) -> None:
-        super().__init__(strict=strict)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         if reference not in REFERENCES:
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
-        if multi_token not in MULTI_TOKEN_POLICIES:
-            raise ValueError(f"multi_token must be one of {MULTI_TOKEN_POLICIES}, got {multi_token!r}")
         if cot_max_new_tokens < 0:
             raise ValueError(f"cot_max_new_tokens must be >= 0, got {cot_max_new_tokens}")
         if image_labels is not None and len(image_labels) != 2:
             raise ValueError(f"image_labels needs two labels (candidate, reference), got {image_labels!r}")
         if not yes_words or not no_words:
             raise ValueError("yes_words and no_words must each name at least one word")
-        self.judge = VLMJudge(
-            model,
-            processor,
-            batch_size=batch_size,
-            pad_to_square=pad_to_square,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            **model_kwargs,
-        )
+        super().__init__(model, processor, **judge_options)
         self.mode = mode
         default_question = VQASCORE_QUESTION if mode == "pointwise" else COMPARATIVE_QUESTION
         self.question_template = question_template or default_question
@@ -208,9 +183,7 @@ class VLMYesReward(Reward):
         self.judgement_prompt = judgement_prompt
         self.answer_prefix = answer_prefix
         self.normalize = normalize
-        yes_ids, no_ids = resolve_word_ids(
-            self.judge.tokenizer, [tuple(yes_words), tuple(no_words)], answer_templates, multi_token
-        )
+        yes_ids, no_ids = self.answer_word_ids([tuple(yes_words), tuple(no_words)], answer_templates)
         self.yes_ids, self.no_ids = sorted(yes_ids), sorted(no_ids)
         logger.info(
             "vlm_yes: yes tokens %s, no tokens %s",

@@ -236,6 +236,24 @@ def _sd_unet(sample_size: int, cross_attention_dim: int, **extra: object) -> UNe
 # --------------------------------------------------------------------------------------------
 
 
+def _sd_layout_pipeline(
+    pipeline_class: type[PipelineT], unet: Callable[[], UNet2DConditionModel], scheduler: object
+) -> PipelineT:
+    """An SD 1.x-layout pipeline (KL VAE, one CLIP text encoder, byte-level tokenizer, no safety
+    checker) around ``unet()``, which is called after the VAE and the text encoder are built, so
+    the seeded weights are drawn in one fixed order."""
+    return pipeline_class(
+        vae=_kl_vae(),
+        text_encoder=CLIPTextModel(_clip_text_config()),
+        tokenizer=byte_level_clip_tokenizer(),
+        unet=unet(),
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
 def sd_pipeline(
     seed: int = 0,
     save_to: str | Path | None = None,
@@ -258,15 +276,10 @@ def sd_pipeline(
     if scheduler not in SD_SCHEDULERS:
         raise ValueError(f"scheduler={scheduler!r}: expected one of {sorted(SD_SCHEDULERS)}")
     with _seeded(seed):
-        pipe = StableDiffusionPipeline(
-            vae=_kl_vae(),
-            text_encoder=CLIPTextModel(_clip_text_config()),
-            tokenizer=byte_level_clip_tokenizer(),
-            unet=_sd_unet(sample_size, cross_attention_dim=32),
-            scheduler=SD_SCHEDULERS[scheduler](prediction_type=prediction_type),
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
+        pipe = _sd_layout_pipeline(
+            StableDiffusionPipeline,
+            lambda: _sd_unet(sample_size, cross_attention_dim=32),
+            SD_SCHEDULERS[scheduler](prediction_type=prediction_type),
         )
     return _finish(pipe, save_to)
 
@@ -484,15 +497,10 @@ def lcm_pipeline(
     Images are ``4 * sample_size`` px (32 by default). 120k parameters, 0.5 MB saved.
     """
     with _seeded(seed):
-        pipe = LatentConsistencyModelPipeline(
-            vae=_kl_vae(),
-            text_encoder=CLIPTextModel(_clip_text_config()),
-            tokenizer=byte_level_clip_tokenizer(),
-            unet=_sd_unet(sample_size, cross_attention_dim=32, time_cond_proj_dim=32),
-            scheduler=LCMScheduler(**_SD_BETAS, clip_sample=False, set_alpha_to_one=False),
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
+        pipe = _sd_layout_pipeline(
+            LatentConsistencyModelPipeline,
+            lambda: _sd_unet(sample_size, cross_attention_dim=32, time_cond_proj_dim=32),
+            LCMScheduler(**_SD_BETAS, clip_sample=False, set_alpha_to_one=False),
         )
     return _finish(pipe, save_to)
 

@@ -26,8 +26,8 @@ NFT_FAMILIES = ("flow", "sd")
 
 
 @dataclass
-class LoraConfig:
-    """``model.lora``: LoRA adapters on the denoiser (:class:`genalign.policies.LoraSpec`).
+class LoRAConfig:
+    """``model.lora``: LoRA adapters on the denoiser (:class:`genalign.policies.LoRASpec`).
 
     ``rank``: the adapters' rank; ``alpha``: their scale numerator (None: ``rank``, a scale of 1);
     ``target_modules``: names of the adapted linear layers; ``dropout``: LoRA dropout; ``seed``:
@@ -52,7 +52,7 @@ class ModelConfig:
 
     family: str = "sd"
     path: str = ""
-    lora: LoraConfig | None = field(default_factory=LoraConfig)
+    lora: LoRAConfig | None = field(default_factory=LoRAConfig)
     dtype: str | None = None
 
     def __post_init__(self) -> None:
@@ -257,3 +257,7 @@ class RecipeConfig:
 def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RecipeConfig:
     """Load a recipe YAML with dotted overrides; errors name the key."""
     return load_config(RecipeConfig, path, overrides)
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+LoraConfig = LoRAConfig

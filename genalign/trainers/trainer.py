@@ -551,7 +551,7 @@ def build_trainer(
     config: RecipeConfig, base_dir: Path | None = None, accelerator: Any | None = None
 ) -> Trainer:
     """Build policy, reward, strategy and loss from a recipe and return the trainer."""
-    from genalign.policies import LoraSpec, load_policy
+    from genalign.policies import LoRASpec, load_policy
     from genalign.rewards import load_reward
     from genalign.trainers.losses import LOSSES
     from genalign.trainers.preflight import check_recipe_names
@@ -559,7 +559,7 @@ def build_trainer(
 
     check_recipe_names(config)  # every registry name, before any model loads
     model = config.model
-    lora = LoraSpec(**_plain(model.lora)) if model.lora is not None else None
+    lora = LoRASpec(**_plain(model.lora)) if model.lora is not None else None
     # the accelerator first: under a multi-process launch it picks this process's device
     accelerator = accelerator or make_accelerator(config)
     device = accelerator.device

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from genalign.policies import LoraSpec, load_policy
+from genalign.policies import LoRASpec, load_policy
 from genalign.policies.precision import (
     merged_copy,
     nvfp4_fake_quantize,
@@ -159,7 +159,7 @@ def sd3_policy(tmp_path_factory):
     import os
 
     os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    policy = load_policy("flow", "tiny:sd3", lora=LoraSpec(rank=4))
+    policy = load_policy("flow", "tiny:sd3", lora=LoRASpec(rank=4))
     generator = torch.Generator().manual_seed(0)
     for name, parameter in policy.denoiser.named_parameters():
         if "lora_B" in name:  # a trained-looking adapter, so merging matters

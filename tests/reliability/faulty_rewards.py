@@ -6,10 +6,10 @@ import os
 import signal
 from typing import Any
 
-from genalign.rewards.jpeg import JpegCompressibilityReward
+from genalign.rewards.jpeg import JPEGCompressibilityReward
 
 
-class FaultAtCall(JpegCompressibilityReward):
+class FaultAtCall(JPEGCompressibilityReward):
     """JPEG compressibility, except on call number ``at`` (0-based), where it does ``fault``.
 
     The fault comes from the environment (``GENALIGN_TEST_FAULT="<at>:<fault>"``), not from the

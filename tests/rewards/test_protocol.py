@@ -60,7 +60,7 @@ def test_unknown_name_lists_registered_rewards():
 
 
 def test_module_path_loads_without_registration():
-    reward = load_reward("genalign.rewards.jpeg:JpegCompressibilityReward", quality=90)
+    reward = load_reward("genalign.rewards.jpeg:JPEGCompressibilityReward", quality=90)
     assert reward.quality == 90
 
 

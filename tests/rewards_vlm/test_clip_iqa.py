@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards import load_reward
-from genalign.rewards.iqa import CLIP_IQA_ENSEMBLE_PAIRS, ClipIQAReward
+from genalign.rewards.iqa import CLIP_IQA_ENSEMBLE_PAIRS, CLIPIQAReward
 from genalign.tiny.clip import OPEN_CLIP_WEIGHTS_NAME, TINY_OPEN_CLIP_NAME, clip_model, open_clip_model
 
 from . import to_pil, uint8_images
@@ -48,7 +48,7 @@ def pair_probabilities(image_features, text_features, scale) -> torch.Tensor:
 
 def test_transformers_clip_iqa_equals_hand_computation(tiny_hf_clip, images):
     folder, model, processor = tiny_hf_clip
-    reward = ClipIQAReward(backend="transformers", model=str(folder))
+    reward = CLIPIQAReward(backend="transformers", model=str(folder))
     out = reward(images, None)
     with torch.no_grad():
         pixels = processor(images=[to_pil(image) for image in images], return_tensors="pt")["pixel_values"]
@@ -83,7 +83,7 @@ def test_open_clip_ensemble_and_fixed_logit_scale(tiny_open_clip, images):
 
 
 def test_gradients_reach_the_pixels(tiny_hf_clip):
-    reward = ClipIQAReward(backend="transformers", model=str(tiny_hf_clip[0]))
+    reward = CLIPIQAReward(backend="transformers", model=str(tiny_hf_clip[0]))
     assert reward.differentiable
     images = uint8_images(2, 40, 48, seed=4).requires_grad_(True)  # resized on tensors
     reward(images, None).scores.sum().backward()
@@ -92,4 +92,4 @@ def test_gradients_reach_the_pixels(tiny_hf_clip):
 
 def test_bad_prompt_pairs(tiny_hf_clip):
     with pytest.raises(ValueError, match="prompt_pairs"):
-        ClipIQAReward(backend="transformers", model=str(tiny_hf_clip[0]), prompt_pairs=[("Good photo.",)])
+        CLIPIQAReward(backend="transformers", model=str(tiny_hf_clip[0]), prompt_pairs=[("Good photo.",)])

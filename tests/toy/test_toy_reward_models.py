@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from genalign.rewards import load_reward
 from genalign.toy import all_prompts, evaluate, scene_for_spec, train_prompts
 from genalign.toy.reward_models import (
-    ClipRecipe,
+    CLIPRecipe,
     VLMRecipe,
     VLMTasks,
     build_bank,
@@ -174,7 +174,7 @@ def tiny_bank():
 
 @pytest.mark.slow  # about 20 s alone, minutes on a loaded machine
 def test_clip_training_decreases_the_loss(tiny_bank):
-    recipe = ClipRecipe(
+    recipe = CLIPRecipe(
         image_size=32, vision_width=32, vision_layers=1, vision_head_width=16, text_width=32, text_heads=2,
         text_layers=1, context_length=16, embed_dim=16, steps=8, batch_size=16, extra_captions=8, lr=3e-3,
         warmup=1, log_every=0,
@@ -308,7 +308,7 @@ def test_a_continued_run_records_every_stage():
 def test_vlm_vision_tower_starts_as_toy_clip_image_encoder(tmp_path):
     """vision_init converts an open_clip image tower into the LLaVA vision tower exactly: the
     converted tower's pooled CLS, through open_clip's projection, is open_clip's image embedding."""
-    clip_recipe = ClipRecipe(
+    clip_recipe = CLIPRecipe(
         image_size=24, patch_size=8, vision_width=32, vision_layers=2, vision_head_width=16, text_width=32,
         text_heads=2, text_layers=1, context_length=16, embed_dim=16,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from genalign.policies import LoraSpec, load_policy
+from genalign.policies import LoRASpec, load_policy
 
 
 @pytest.fixture(scope="module")
@@ -14,4 +14,4 @@ def sd_policy(tmp_path_factory):
     """The tiny SD policy with a rank-4 LoRA, one per test module (the loss tests set its LoRA
     weights themselves)."""
     os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    return load_policy("sd", "tiny:sd", lora=LoraSpec(rank=4))
+    return load_policy("sd", "tiny:sd", lora=LoRASpec(rank=4))

@@ -20,7 +20,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from genalign.sampling import flow_sde_step
 from genalign.trainers.config import TrainConfig
-from genalign.trainers.losses import PPOClipLoss
+from genalign.trainers.losses import PPOClipLoss, with_reference_kl
 
 SHAPE = (3, 4, 8, 8)  # (B, C, H, W)
 NUM_STEPS = 10
@@ -134,3 +134,27 @@ def test_policy_loss_declares_every_hook_with_a_no_op_default():
     loss.load_state_dict({})
     ppo = PPOClipLoss(TrainConfig())
     assert as_policy_loss(ppo) is ppo
+
+
+class _HalvingPolicy:
+    """A stand-in policy whose reference model predicts x_t / 2."""
+
+    @contextlib.contextmanager
+    def reference(self):
+        yield self
+
+    def predict(self, x_t, step_index, conditioning, settings):
+        return x_t / 2
+
+
+def test_with_reference_kl_adds_the_weighted_output_distance():
+    output = torch.tensor([[1.0, 3.0], [0.0, 2.0]])
+    x_t = torch.tensor([[2.0, 2.0], [2.0, 2.0]])  # reference output: all ones
+    loss, metrics = with_reference_kl(
+        torch.tensor(1.0), {"policy_loss": 1.0}, 0.5, _HalvingPolicy(), output, x_t, None, {}, None
+    )
+    kl = torch.tensor([(0.0 + 4.0) / 2, (1.0 + 1.0) / 2])  # per-sample mean squared distance
+    assert torch.allclose(loss, 1.0 + 0.5 * kl.mean())
+    assert torch.allclose(metrics["kl"], kl.mean()) and metrics["policy_loss"] == 1.0
+    unchanged = with_reference_kl(torch.tensor(1.0), {}, 0.0, None)  # no reference pass at 0
+    assert unchanged[1] == {} and unchanged[0].item() == 1.0

@@ -10,7 +10,7 @@ import torch
 
 from genalign.algorithms.nft import nft_loss, nft_old_policy_decay, optimality_probability
 from genalign.config import ConfigError
-from genalign.policies import LoraSpec, load_policy
+from genalign.policies import LoRASpec, load_policy
 from genalign.trainers import LOSSES, load_recipe
 from genalign.trainers.config import TrainConfig
 from genalign.trainers.losses.nft import NFTLoss
@@ -120,7 +120,7 @@ def policy(tmp_path_factory):
     import os
 
     os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    return load_policy("flow", "tiny:sd3", lora=LoraSpec(rank=4))
+    return load_policy("flow", "tiny:sd3", lora=LoRASpec(rank=4))
 
 
 def test_loss_on_a_flow_policy_equals_a_manual_recomputation(policy):

@@ -9,6 +9,7 @@ import torch
 from diffusers import PixArtAlphaPipeline
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
+from genalign.pipelines.guidance import cfg_batch
 from genalign.pipelines.reno.common import PromptRequest, ReNOMixin, SamplingSettings
 
 __all__ = ["ReNOPixArtAlphaPipeline"]
@@ -41,8 +42,7 @@ class ReNOPixArtAlphaPipeline(ReNOMixin, PixArtAlphaPipeline):
                 clean_caption=False,
                 max_sequence_length=request.max_sequence_length or 120,
             )
-        if do_cfg:
-            embeds, mask = torch.cat([negative_embeds, embeds]), torch.cat([negative_mask, mask])
+        embeds, mask = cfg_batch(negative_embeds, embeds, do_cfg), cfg_batch(negative_mask, mask, do_cfg)
         added_cond_kwargs = {"resolution": None, "aspect_ratio": None}
         if self.transformer.config.sample_size == 128:  # the 1024-px model's size micro-conditions
             height, width, device = request.height, request.width, request.device

@@ -3,10 +3,11 @@ branches of one step, each branch's guided prediction, and their mix ``v_ref + w
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import PIL.Image
@@ -17,7 +18,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from genalign.pipelines.guidance import rlg_combine
 
-__all__ = ["Branch", "RLGMixin", "RLGPipelineOutput", "StepCallback"]
+__all__ = ["Branch", "RLGMixin", "RLGPipelineOutput", "StepCallback", "init_with_rl_denoiser"]
 
 T = TypeVar("T")
 Branch = tuple[str, Callable]
@@ -35,6 +36,49 @@ class RLGPipelineOutput(BaseOutput):
     """
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
+
+
+def init_with_rl_denoiser(
+    base: type[DiffusionPipeline], rl_denoiser_name: str, denoiser_type: type, **defaults: Any
+) -> Callable[..., None]:
+    """The ``__init__`` of an RLG pipeline: ``base.__init__`` (the wrapped diffusers pipeline's
+    components, ``defaults`` replacing some of its defaults) plus one optional component,
+    ``rl_denoiser_name``, the RL-tuned denoiser of the two-model form, registered like the rest.
+
+    Its signature (the base's parameters, then ``rl_denoiser_name: denoiser_type | None = None``)
+    is what diffusers reads to load, save and ``from_pipe`` the pipeline, so it is exact.
+    """
+    base_signature = inspect.signature(base.__init__)
+    parameters = [
+        parameter.replace(default=defaults.pop(parameter.name)) if parameter.name in defaults else parameter
+        for parameter in base_signature.parameters.values()
+    ]
+    if defaults:
+        raise TypeError(f"{base.__name__}.__init__ has no parameters {sorted(defaults)}")
+    rl_parameter = inspect.Parameter(
+        rl_denoiser_name,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=None,
+        annotation=denoiser_type | None,
+    )
+    signature = base_signature.replace(parameters=[*parameters, rl_parameter])
+
+    def __init__(self: DiffusionPipeline, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        components = {name: value for name, value in bound.arguments.items() if name != "self"}
+        rl_denoiser = components.pop(rl_denoiser_name)
+        base.__init__(self, **components)
+        self.register_modules(**{rl_denoiser_name: rl_denoiser})
+
+    __init__.__signature__ = signature
+    __init__.__annotations__ = {
+        parameter.name: parameter.annotation
+        for parameter in signature.parameters.values()
+        if parameter.annotation is not inspect.Parameter.empty
+    }
+    __init__.__annotations__["return"] = None
+    return __init__
 
 
 class RLGMixin:

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-from transformers import (
-    CLIPImageProcessor,
-    CLIPTextModel,
-    CLIPTokenizer,
-    CLIPVisionModelWithProjection,
-    T5EncoderModel,
-    T5TokenizerFast,
-)
+from diffusers import FluxPipeline, FluxTransformer2DModel
 
 from genalign.pipelines.flux_schedule import flux_guidance, flux_timesteps
 from genalign.pipelines.guidance import guided_prediction
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
+from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGFluxPipeline"]
 
@@ -34,31 +26,7 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
     _denoiser_name = "transformer"
     _rl_denoiser_name = "rl_transformer"
 
-    def __init__(
-        self,
-        scheduler: FlowMatchEulerDiscreteScheduler,
-        vae: AutoencoderKL,
-        text_encoder: CLIPTextModel,
-        tokenizer: CLIPTokenizer,
-        text_encoder_2: T5EncoderModel,
-        tokenizer_2: T5TokenizerFast,
-        transformer: FluxTransformer2DModel,
-        image_encoder: CLIPVisionModelWithProjection | None = None,
-        feature_extractor: CLIPImageProcessor | None = None,
-        rl_transformer: FluxTransformer2DModel | None = None,
-    ) -> None:
-        super().__init__(
-            scheduler=scheduler,
-            vae=vae,
-            text_encoder=text_encoder,
-            tokenizer=tokenizer,
-            text_encoder_2=text_encoder_2,
-            tokenizer_2=tokenizer_2,
-            transformer=transformer,
-            image_encoder=image_encoder,
-            feature_extractor=feature_extractor,
-        )
-        self.register_modules(rl_transformer=rl_transformer)
+    __init__ = init_with_rl_denoiser(FluxPipeline, "rl_transformer", FluxTransformer2DModel)
 
     @torch.no_grad()
     def __call__(

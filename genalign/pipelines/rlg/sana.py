@@ -5,13 +5,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from diffusers import (
-    AutoencoderDC,
-    DPMSolverMultistepScheduler,
-    FlowMatchEulerDiscreteScheduler,
-    SanaPipeline,
-    SanaTransformer2DModel,
-)
+from diffusers import SanaPipeline, SanaTransformer2DModel
 from diffusers.pipelines.sana.pipeline_sana import (
     ASPECT_RATIO_512_BIN,
     ASPECT_RATIO_1024_BIN,
@@ -19,10 +13,9 @@ from diffusers.pipelines.sana.pipeline_sana import (
     ASPECT_RATIO_4096_BIN,
 )
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
-from transformers import Gemma2PreTrainedModel, GemmaTokenizer, GemmaTokenizerFast
 
-from genalign.pipelines.guidance import apply_guidance
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGSanaPipeline"]
 
@@ -46,23 +39,7 @@ class RLGSanaPipeline(RLGMixin, SanaPipeline):
     _denoiser_name = "transformer"
     _rl_denoiser_name = "rl_transformer"
 
-    def __init__(
-        self,
-        tokenizer: GemmaTokenizer | GemmaTokenizerFast,
-        text_encoder: Gemma2PreTrainedModel,
-        vae: AutoencoderDC,
-        transformer: SanaTransformer2DModel,
-        scheduler: DPMSolverMultistepScheduler | FlowMatchEulerDiscreteScheduler,
-        rl_transformer: SanaTransformer2DModel | None = None,
-    ) -> None:
-        super().__init__(
-            tokenizer=tokenizer,
-            text_encoder=text_encoder,
-            vae=vae,
-            transformer=transformer,
-            scheduler=scheduler,
-        )
-        self.register_modules(rl_transformer=rl_transformer)
+    __init__ = init_with_rl_denoiser(SanaPipeline, "rl_transformer", SanaTransformer2DModel)
 
     def _binned_size(self, height: int, width: int) -> tuple[int, int]:
         """Resolution binning as ``SanaPipeline``: the nearest size of the model's aspect-ratio bins."""
@@ -124,9 +101,7 @@ class RLGSanaPipeline(RLGMixin, SanaPipeline):
                 max_sequence_length=max_sequence_length,
                 complex_human_instruction=complex_human_instruction,
             )
-            if do_cfg:
-                return torch.cat([negative, positive], dim=0), torch.cat([negative_mask, mask], dim=0)
-            return positive, mask
+            return cfg_batch(negative, positive, do_cfg), cfg_batch(negative_mask, mask, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
-from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-from diffusers.schedulers import KarrasDiffusionSchedulers
-from transformers import CLIPImageProcessor, CLIPTextModel, CLIPTokenizer, CLIPVisionModelWithProjection
 
-from genalign.pipelines.guidance import apply_guidance
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGStableDiffusionPipeline"]
 
@@ -26,31 +23,14 @@ class RLGStableDiffusionPipeline(RLGMixin, StableDiffusionPipeline):
     _denoiser_name = "unet"
     _rl_denoiser_name = "rl_unet"
 
-    def __init__(
-        self,
-        vae: AutoencoderKL,
-        text_encoder: CLIPTextModel,
-        tokenizer: CLIPTokenizer,
-        unet: UNet2DConditionModel,
-        scheduler: KarrasDiffusionSchedulers,
-        safety_checker: StableDiffusionSafetyChecker | None = None,
-        feature_extractor: CLIPImageProcessor | None = None,
-        image_encoder: CLIPVisionModelWithProjection | None = None,
-        requires_safety_checker: bool = False,
-        rl_unet: UNet2DConditionModel | None = None,
-    ) -> None:
-        super().__init__(
-            vae=vae,
-            text_encoder=text_encoder,
-            tokenizer=tokenizer,
-            unet=unet,
-            scheduler=scheduler,
-            safety_checker=safety_checker,
-            feature_extractor=feature_extractor,
-            image_encoder=image_encoder,
-            requires_safety_checker=requires_safety_checker,
-        )
-        self.register_modules(rl_unet=rl_unet)
+    __init__ = init_with_rl_denoiser(
+        StableDiffusionPipeline,
+        "rl_unet",
+        UNet2DConditionModel,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
 
     @torch.no_grad()
     def __call__(
@@ -86,7 +66,7 @@ class RLGStableDiffusionPipeline(RLGMixin, StableDiffusionPipeline):
             positive, negative = self.encode_prompt(
                 prompt, device, num_images_per_prompt, do_cfg, negative_prompt
             )
-            return torch.cat([negative, positive]) if do_cfg else positive
+            return cfg_batch(negative, positive, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import torch
-from diffusers import (
-    AutoencoderKL,
-    FlowMatchEulerDiscreteScheduler,
-    SD3Transformer2DModel,
-    StableDiffusion3Pipeline,
-)
+from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
-from transformers import (
-    CLIPTextModelWithProjection,
-    CLIPTokenizer,
-    SiglipImageProcessor,
-    SiglipVisionModel,
-    T5EncoderModel,
-    T5TokenizerFast,
-)
 
-from genalign.pipelines.guidance import apply_guidance
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
+from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 
 __all__ = ["RLGStableDiffusion3Pipeline"]
 
@@ -37,35 +24,7 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
     _denoiser_name = "transformer"
     _rl_denoiser_name = "rl_transformer"
 
-    def __init__(
-        self,
-        transformer: SD3Transformer2DModel,
-        scheduler: FlowMatchEulerDiscreteScheduler,
-        vae: AutoencoderKL,
-        text_encoder: CLIPTextModelWithProjection,
-        tokenizer: CLIPTokenizer,
-        text_encoder_2: CLIPTextModelWithProjection,
-        tokenizer_2: CLIPTokenizer,
-        text_encoder_3: T5EncoderModel | None,
-        tokenizer_3: T5TokenizerFast | None,
-        image_encoder: SiglipVisionModel | None = None,
-        feature_extractor: SiglipImageProcessor | None = None,
-        rl_transformer: SD3Transformer2DModel | None = None,
-    ) -> None:
-        super().__init__(
-            transformer=transformer,
-            scheduler=scheduler,
-            vae=vae,
-            text_encoder=text_encoder,
-            tokenizer=tokenizer,
-            text_encoder_2=text_encoder_2,
-            tokenizer_2=tokenizer_2,
-            text_encoder_3=text_encoder_3,
-            tokenizer_3=tokenizer_3,
-            image_encoder=image_encoder,
-            feature_extractor=feature_extractor,
-        )
-        self.register_modules(rl_transformer=rl_transformer)
+    __init__ = init_with_rl_denoiser(StableDiffusion3Pipeline, "rl_transformer", SD3Transformer2DModel)
 
     @torch.no_grad()
     def __call__(
@@ -117,9 +76,7 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
                 num_images_per_prompt=num_images_per_prompt,
                 max_sequence_length=max_sequence_length,
             )
-            if do_cfg:
-                return torch.cat([negative, positive]), torch.cat([negative_pooled, pooled])
-            return positive, pooled
+            return cfg_batch(negative, positive, do_cfg), cfg_batch(negative_pooled, pooled, do_cfg)
 
         branches = self._branches(rlg_scale)
         embeds = self._encode_branches(branches, encode)

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
+from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
-from diffusers.schedulers import KarrasDiffusionSchedulers
-from transformers import (
-    CLIPImageProcessor,
-    CLIPTextModel,
-    CLIPTextModelWithProjection,
-    CLIPTokenizer,
-    CLIPVisionModelWithProjection,
-)
 
 from genalign.pipelines.decoding import unscale_latents
 from genalign.pipelines.guidance import apply_guidance
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback
+from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
 from genalign.pipelines.sdxl_conditioning import encode_sdxl_prompt
 
 __all__ = ["RLGStableDiffusionXLPipeline"]
@@ -34,35 +26,7 @@ class RLGStableDiffusionXLPipeline(RLGMixin, StableDiffusionXLPipeline):
     _denoiser_name = "unet"
     _rl_denoiser_name = "rl_unet"
 
-    def __init__(
-        self,
-        vae: AutoencoderKL,
-        text_encoder: CLIPTextModel,
-        text_encoder_2: CLIPTextModelWithProjection,
-        tokenizer: CLIPTokenizer,
-        tokenizer_2: CLIPTokenizer,
-        unet: UNet2DConditionModel,
-        scheduler: KarrasDiffusionSchedulers,
-        image_encoder: CLIPVisionModelWithProjection | None = None,
-        feature_extractor: CLIPImageProcessor | None = None,
-        force_zeros_for_empty_prompt: bool = True,
-        add_watermarker: bool | None = None,
-        rl_unet: UNet2DConditionModel | None = None,
-    ) -> None:
-        super().__init__(
-            vae=vae,
-            text_encoder=text_encoder,
-            text_encoder_2=text_encoder_2,
-            tokenizer=tokenizer,
-            tokenizer_2=tokenizer_2,
-            unet=unet,
-            scheduler=scheduler,
-            image_encoder=image_encoder,
-            feature_extractor=feature_extractor,
-            force_zeros_for_empty_prompt=force_zeros_for_empty_prompt,
-            add_watermarker=add_watermarker,
-        )
-        self.register_modules(rl_unet=rl_unet)
+    __init__ = init_with_rl_denoiser(StableDiffusionXLPipeline, "rl_unet", UNet2DConditionModel)
 
     @torch.no_grad()
     def __call__(

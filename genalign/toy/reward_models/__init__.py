@@ -66,6 +66,7 @@ from genalign.toy.conversion import (
 from genalign.toy.reward_models.card import continued_record, write_card
 from genalign.toy.reward_models.cli import VLM_OPTIONS, main
 from genalign.toy.reward_models.clip import (
+    CLIPRecipe,
     ClipRecipe,
     build_clip,
     clip_batch_loss,
@@ -131,7 +132,8 @@ __all__ = [
     "SEVERITIES",
     "SUBSET_SIZE",
     "VLM_OPTIONS",
-    "ClipRecipe",
+    "CLIPRecipe",
+    "ClipRecipe",  # deprecated alias of CLIPRecipe
     "EvalItem",
     "SceneBank",
     "VLMRecipe",

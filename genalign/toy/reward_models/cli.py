@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from genalign.toy.reward_models.card import continued_record, write_card
-from genalign.toy.reward_models.clip import ClipRecipe, save_clip, train_clip
+from genalign.toy.reward_models.clip import CLIPRecipe, save_clip, train_clip
 from genalign.toy.reward_models.evaluate import MODEL_NAMES, evaluate_reward_model, subset_scores
 from genalign.toy.reward_models.vlm_model import VLMRecipe
 from genalign.toy.reward_models.vlm_train import save_vlm, train_vlm
@@ -110,7 +110,7 @@ def train_command(
 ) -> tuple[Any, dict[str, Any], str]:
     """Train and save the model; returns (recipe, training record, command record)."""
     out = Path(args.out)
-    recipe = (ClipRecipe if args.model == "toy-clip" else VLMRecipe)(seed=args.seed)
+    recipe = (CLIPRecipe if args.model == "toy-clip" else VLMRecipe)(seed=args.seed)
     recipe = replace(recipe, steps=args.steps) if args.steps is not None else recipe
     recipe = replace(recipe, max_minutes=args.max_minutes, **vlm_options)
     if args.model == "toy-clip":
@@ -140,7 +140,7 @@ def train_command(
 def recorded_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
     """(recipe, training record, command record) of an already trained folder (``--evaluate-only``)."""
     card = json.loads((Path(args.out) / "card.json").read_text(encoding="utf-8"))
-    recipe_type = ClipRecipe if args.model == "toy-clip" else VLMRecipe
+    recipe_type = CLIPRecipe if args.model == "toy-clip" else VLMRecipe
     recipe = recipe_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in card["recipe"].items()})
     return recipe, card["training"], card["command"]
 

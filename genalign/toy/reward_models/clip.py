@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ClipRecipe:
+class CLIPRecipe:
     """Architecture and training of ``toy-clip`` (defaults: the shipped model)."""
 
     seed: int = 0
@@ -121,7 +121,7 @@ def clip_loss(
 
 
 def _clip_batch(
-    bank: SceneBank, recipe: ClipRecipe, rng: np.random.Generator
+    bank: SceneBank, recipe: CLIPRecipe, rng: np.random.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Augmented images ``[B, 3, H, W]``, the captions to encode ``[T]`` (prompt indices: the
     batch's own, their hard negatives and ``extra_captions`` random others), positives ``[B, T]``,
@@ -153,7 +153,7 @@ def _clip_batch(
     )
 
 
-def build_clip(recipe: ClipRecipe) -> tuple[torch.nn.Module, Any, Any]:
+def build_clip(recipe: CLIPRecipe) -> tuple[torch.nn.Module, Any, Any]:
     """A freshly initialised open_clip model of the recipe's architecture: (model, tokenizer, preprocess)."""
     import open_clip
 
@@ -169,7 +169,7 @@ def build_clip(recipe: ClipRecipe) -> tuple[torch.nn.Module, Any, Any]:
 
 
 def train_clip(
-    recipe: ClipRecipe, bank: SceneBank | None = None, log: Callable[[str], None] = logger.info
+    recipe: CLIPRecipe, bank: SceneBank | None = None, log: Callable[[str], None] = logger.info
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Train toy-clip; returns the model and a log (``losses`` per step, ``seconds``, ``parameters``)."""
     start = time.time()
@@ -228,7 +228,7 @@ def train_clip(
 
 
 @torch.no_grad()
-def clip_batch_loss(model: torch.nn.Module, recipe: ClipRecipe, bank: SceneBank, seed: int) -> float:
+def clip_batch_loss(model: torch.nn.Module, recipe: CLIPRecipe, bank: SceneBank, seed: int) -> float:
     """The toy-clip loss of ``model`` on one batch drawn with ``seed`` (a fixed yardstick for training)."""
     _, tokenizer, preprocess = build_clip(recipe)
     images, captions, positives, own, negatives = _clip_batch(bank, recipe, np.random.default_rng(seed))
@@ -245,7 +245,7 @@ def clip_batch_loss(model: torch.nn.Module, recipe: ClipRecipe, bank: SceneBank,
     return float(loss)
 
 
-def save_clip(model: torch.nn.Module, recipe: ClipRecipe, folder: str | Path) -> Path:
+def save_clip(model: torch.nn.Module, recipe: CLIPRecipe, folder: str | Path) -> Path:
     """open_clip's hub layout (``open_clip_config.json`` + ``open_clip_model.safetensors``, fp16)."""
     from safetensors.torch import save_file
 
@@ -256,3 +256,7 @@ def save_clip(model: torch.nn.Module, recipe: ClipRecipe, folder: str | Path) ->
     state = {key: value.detach().to(torch.float16).contiguous() for key, value in model.state_dict().items()}
     save_file(state, str(folder / "open_clip_model.safetensors"))
     return folder
+
+
+# Deprecated aliases: class names spell acronyms in upper case (#22); the old names keep working.
+ClipRecipe = CLIPRecipe

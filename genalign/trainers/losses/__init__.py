@@ -8,7 +8,12 @@ contract and its hooks are :mod:`.base`; a loss outside genalign is named ``"pac
 from __future__ import annotations
 
 from genalign.trainers.losses.base import LOSSES, FunctionLoss, PolicyLoss, as_policy_loss
-from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
+from genalign.trainers.losses.forward_process import (
+    conditional_settings,
+    reference_output_kl,
+    seeded_noise,
+    with_reference_kl,
+)
 from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.ppo_clip import PPOClipLoss
 from genalign.trainers.losses.refl import ReFLLoss
@@ -26,4 +31,5 @@ __all__ = [
     "conditional_settings",
     "reference_output_kl",
     "seeded_noise",
+    "with_reference_kl",
 ]

@@ -11,7 +11,7 @@ import torch
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy
 
-__all__ = ["conditional_settings", "reference_output_kl", "seeded_noise"]
+__all__ = ["conditional_settings", "reference_output_kl", "seeded_noise", "with_reference_kl"]
 
 
 def seeded_noise(
@@ -49,3 +49,15 @@ def reference_output_kl(
     with torch.no_grad(), policy.reference():
         reference = policy.predict(x_t, step_index, conditioning, settings).float()
     return ((output.float() - reference) ** 2).mean(dim=tuple(range(1, output.ndim)))
+
+
+def with_reference_kl(
+    loss: torch.Tensor, metrics: dict[str, torch.Tensor], kl_coef: float, *kl_inputs: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(loss + kl_coef * mean_B KL, metrics with "kl")``, the KL being :func:`reference_output_kl`
+    of ``kl_inputs`` (policy, output, x_t, step_index, conditioning, settings); ``(loss, metrics)``
+    unchanged, and no reference pass, unless ``kl_coef > 0``."""
+    if not kl_coef > 0:
+        return loss, metrics
+    kl = reference_output_kl(*kl_inputs)  # (B,)
+    return loss + kl_coef * kl.mean(), {**metrics, "kl": kl.detach().mean()}

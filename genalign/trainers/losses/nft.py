@@ -64,7 +64,7 @@ import torch
 from genalign.algorithms.nft import nft_loss_in_x0, nft_old_policy_decay
 from genalign.trainers.config import NFT_FAMILIES
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
-from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
+from genalign.trainers.losses.forward_process import conditional_settings, seeded_noise, with_reference_kl
 
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy, Trajectory
@@ -203,10 +203,14 @@ class NFTLoss(PolicyLoss):
         )
         loss = per_sample.mean()
         metrics = {"policy_loss": loss.detach(), **info}
-        if config.kl_coef > 0:
-            kl = reference_output_kl(
-                policy, out_theta, x_t, step_index, trajectory.conditioning, predict_settings
-            )
-            loss = loss + config.kl_coef * kl.mean()
-            metrics["kl"] = kl.detach().mean()
-        return loss, metrics
+        return with_reference_kl(
+            loss,
+            metrics,
+            config.kl_coef,
+            policy,
+            out_theta,
+            x_t,
+            step_index,
+            trajectory.conditioning,
+            predict_settings,
+        )

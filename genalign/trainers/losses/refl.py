@@ -34,7 +34,7 @@ import torch
 
 from genalign.algorithms.refl import refl_objective
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
-from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl
+from genalign.trainers.losses.forward_process import conditional_settings, with_reference_kl
 
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
@@ -98,10 +98,14 @@ class ReFLLoss(PolicyLoss):
             "refl_reward": kept.detach().mean() if kept.numel() else torch.tensor(float("nan")),
             "refl_nan_count": (~finite).sum().float(),
         }
-        if config.kl_coef > 0:
-            kl = reference_output_kl(
-                policy, output, x_t, step_index, trajectory.conditioning, predict_settings
-            )
-            loss = loss + config.kl_coef * kl.mean()
-            metrics["kl"] = kl.detach().mean()
-        return loss, metrics
+        return with_reference_kl(
+            loss,
+            metrics,
+            config.kl_coef,
+            policy,
+            output,
+            x_t,
+            step_index,
+            trajectory.conditioning,
+            predict_settings,
+        )

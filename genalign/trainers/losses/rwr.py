@@ -34,7 +34,7 @@ import torch
 
 from genalign.algorithms.rwr import rwr_weights
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
-from genalign.trainers.losses.forward_process import conditional_settings, reference_output_kl, seeded_noise
+from genalign.trainers.losses.forward_process import conditional_settings, seeded_noise, with_reference_kl
 
 __all__ = ["RWRLoss"]
 
@@ -69,8 +69,6 @@ class RWRLoss(PolicyLoss):
             "rwr_weight_mean": weights.detach().mean(),
             "rwr_kept": (weights > 0).float().mean(),
         }
-        if config.kl_coef > 0:
-            kl = reference_output_kl(policy, prediction, x_t, step_index, trajectory.conditioning, plain)
-            loss = loss + config.kl_coef * kl.mean()
-            metrics["kl"] = kl.detach().mean()
-        return loss, metrics
+        return with_reference_kl(
+            loss, metrics, config.kl_coef, policy, prediction, x_t, step_index, trajectory.conditioning, plain
+        )

@@ -14,6 +14,7 @@ from genalign.trainers.strategies.base import (
     RolloutContext,
     RolloutStrategy,
     draw_prompt_groups,
+    draw_step_groups,
     step_generator,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
@@ -28,5 +29,6 @@ __all__ = [
     "RolloutStrategy",
     "SolRLStrategy",
     "draw_prompt_groups",
+    "draw_step_groups",
     "step_generator",
 ]

@@ -47,8 +47,7 @@ from genalign.trainers.strategies.base import (
     RolloutBatch,
     RolloutContext,
     RolloutStrategy,
-    draw_prompt_groups,
-    step_generator,
+    draw_step_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,11 +98,7 @@ class B2DiffuRLStrategy(RolloutStrategy):
         self, context: RolloutContext, step: int
     ) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]:
         """The step's S source prompts, their group ids, source seeds ``[S]`` and branch seeds ``[S, K]``."""
-        config = self.config
-        generator = step_generator(config.seed, step)
-        prompts, group_ids, seeds = draw_prompt_groups(
-            context.prompts, config.prompts_per_step, config.group_size, generator
-        )
+        prompts, group_ids, seeds, generator = draw_step_groups(context.prompts, self.config, step)
         branch_seeds = torch.randint(0, 2**31 - 1, (len(prompts), self.options.branches), generator=generator)
         return prompts, group_ids, seeds, branch_seeds
 

@@ -37,6 +37,7 @@ __all__ = [
     "RolloutContext",
     "RolloutStrategy",
     "draw_prompt_groups",
+    "draw_step_groups",
     "step_generator",
 ]
 
@@ -145,6 +146,19 @@ def draw_prompt_groups(
     group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator)
     return prompts, group_ids, seeds
+
+
+def draw_step_groups(
+    pool: list[str], config: Any, step: int
+) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Generator]:
+    """Step ``step``'s prompt groups as :func:`draw_prompt_groups` draws them (``config``: a
+    ``TrainConfig``: its seed, ``prompts_per_step`` and ``group_size``), plus the step's
+    generator, left where the draw ended, for a strategy's further draws (B2-DiffuRL's branch seeds)."""
+    generator = step_generator(config.seed, step)
+    prompts, group_ids, seeds = draw_prompt_groups(
+        pool, config.prompts_per_step, config.group_size, generator
+    )
+    return prompts, group_ids, seeds, generator
 
 
 class RolloutStrategy(abc.ABC):

@@ -12,8 +12,7 @@ from genalign.trainers.strategies.base import (
     RolloutBatch,
     RolloutContext,
     RolloutStrategy,
-    draw_prompt_groups,
-    step_generator,
+    draw_step_groups,
 )
 
 __all__ = ["GroupRolloutStrategy"]
@@ -37,9 +36,8 @@ class GroupRolloutStrategy(RolloutStrategy):
         self, context: RolloutContext, step: int
     ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         """The step's prompts (each repeated group_size times), group ids and seeds, all global."""
-        config = self.config
-        generator = step_generator(config.seed, step)
-        return draw_prompt_groups(context.prompts, config.prompts_per_step, config.group_size, generator)
+        prompts, group_ids, seeds, _ = draw_step_groups(context.prompts, self.config, step)
+        return prompts, group_ids, seeds
 
     def advantages(self, rewards: torch.Tensor, prompts: list[str], group_ids: torch.Tensor) -> torch.Tensor:
         """Advantages ``[B_global]`` of the global rewards under ``train.advantage``, clipped."""
