@@ -28,7 +28,17 @@ from typing import Any
 import torch
 
 from genalign.policies.model_folder import check_model_folder, looks_like_local_path
+from genalign.policies.rollout_args import check_group_size, per_sample_generators, validate_rollout_arguments
 from genalign.policies.trajectory import RolloutSettings, Trajectory
+
+__all__ = [
+    "DiffusionPolicy",
+    "LoRASpec",
+    "LoraSpec",
+    "check_group_size",
+    "per_sample_generators",
+    "validate_rollout_arguments",
+]
 from genalign.sampling import StepOutput
 
 logger = logging.getLogger(__name__)
@@ -57,49 +67,9 @@ class LoRASpec:
         )
 
 
-def per_sample_generators(
-    batch_size: int,
-    generator: torch.Generator | int | None,
-    device: torch.device | str,
-    seeds: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, list[torch.Generator]]:
-    """One generator per sample, from given ``seeds`` or from seeds drawn off ``generator``."""
-    if seeds is None:
-        if isinstance(generator, int):
-            generator = torch.Generator().manual_seed(generator)
-        seeds = torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
-    seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
-    if seeds.shape != (batch_size,):
-        raise ValueError(f"seeds must have shape ({batch_size},), got {tuple(seeds.shape)}")
-    gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-    return seeds, gens
-
-
 def _stack_steps(values: list[torch.Tensor], batch: int) -> torch.Tensor:
     """Per-step ``[B]`` values stacked to ``[B, K]`` (``[B, 0]`` fp32 when there are none)."""
     return torch.stack(values, dim=1) if values else torch.zeros(batch, 0)
-
-
-def validate_rollout_arguments(prompts: Sequence[str], num_inference_steps: int, group_size: int) -> None:
-    if isinstance(prompts, str):
-        raise ValueError("prompts must be a list of strings, not a single string")
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty: rollout needs at least one prompt")
-    if not isinstance(num_inference_steps, int) or num_inference_steps <= 0:
-        raise ValueError(f"num_inference_steps must be a positive integer, got {num_inference_steps!r}")
-    if not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-
-
-def check_group_size(batch_size: int, group_size: int) -> None:
-    """A batch is made of whole prompt groups; say so when it is not."""
-    if group_size <= 0:
-        raise ValueError(f"group_size must be positive, got {group_size}")
-    if batch_size % group_size != 0:
-        raise ValueError(
-            f"group size {group_size} does not divide the batch size {batch_size}: "
-            f"each prompt's group must fit whole in a batch"
-        )
 
 
 class DiffusionPolicy(torch.nn.Module):
