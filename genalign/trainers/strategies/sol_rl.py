@@ -35,8 +35,8 @@ import torch
 
 from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
 from genalign.policies import Trajectory
-from genalign.policies.rollout_args import per_sample_generators
 from genalign.policies.precision import quantize_denoiser, swapped_denoiser
+from genalign.policies.rollout_args import per_sample_generators
 from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, step_generator
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 
