@@ -2,7 +2,8 @@
 
 One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's loss kernel),
 :mod:`.b2diffurl` (B2-DiffuRL's schedule, selection and advantages), :mod:`.sol_rl` (Sol-RL's
-candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives).
+candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.token_ppo` (the
+token-level clipped objective of language policies).
 
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
@@ -34,6 +35,7 @@ from genalign.algorithms.selection import (
     select_timesteps_per_sample,
 )
 from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
+from genalign.algorithms.token_ppo import TOKEN_AGGREGATIONS, aggregate_tokens, token_ppo_loss
 
 __all__ = [
     "PerPromptStatTracker",
@@ -64,4 +66,7 @@ __all__ = [
     "score_function_loss",
     "select_timesteps",
     "select_timesteps_per_sample",
+    "TOKEN_AGGREGATIONS",
+    "aggregate_tokens",
+    "token_ppo_loss",
 ]
