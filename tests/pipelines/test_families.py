@@ -90,3 +90,23 @@ def test_flow_entries_match_the_flow_policy_architectures():
 
     flow = {name for name, family in policy_families().items() if family == "flow"}
     assert flow == set(FLOW_ARCHITECTURES)
+
+
+def test_every_reno_family_fills_the_mixins_hooks():
+    # ReNOMixin's _encode and _predict are per-family hooks that raise when left out: every ReNO
+    # class of the table must define _encode, and _predict unless it replaces the whole _denoise
+    import importlib
+
+    from genalign.pipelines.families import MODEL_FAMILIES
+    from genalign.pipelines.reno.common import ReNOMixin
+
+    checked = set()
+    for family in MODEL_FAMILIES.values():
+        if family.reno is None or family.reno in checked:
+            continue
+        checked.add(family.reno)
+        module, _, name = family.reno.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert cls._encode is not ReNOMixin._encode, cls
+        assert cls._predict is not ReNOMixin._predict or cls._denoise is not ReNOMixin._denoise, cls
+    assert len(checked) >= 4

@@ -165,13 +165,15 @@ class ReNOMixin:
         return randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
 
     def _encode(self, request: PromptRequest) -> dict[str, Any]:
-        raise NotImplementedError
+        """The family's prompt conditioning for :meth:`_denoise` (every family defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _encode, its prompt conditioning")
 
     def _predict(
         self, model_input: torch.Tensor, t: torch.Tensor, conditioning: Mapping[str, Any]
     ) -> torch.Tensor:
-        """The denoiser's prediction for a ``[uncond; cond]`` (CFG) or plain batch."""
-        raise NotImplementedError
+        """The denoiser's prediction for a ``[uncond; cond]`` (CFG) or plain batch; a family that
+        replaces :meth:`_denoise` instead (FLUX) never calls it."""
+        raise NotImplementedError(f"{type(self).__name__} must define _predict or replace _denoise")
 
     def _step_sample(self, step: Any, num_inference_steps: int) -> torch.Tensor:
         """The clean latents if the loop ended after this scheduler step (default: the new sample)."""
