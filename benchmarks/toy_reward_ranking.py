@@ -61,7 +61,7 @@ def within_prompt_auc(rows: Sequence[dict], key: str) -> dict[str, tuple[float, 
 def main(argv: list[str] | None = None) -> int:
     from genalign.policies import load_policy
     from genalign.rewards import load_reward
-    from genalign.toy.prompts import RL_TRAIN_PROMPT_FILE, prompts_for
+    from genalign.toy.prompts import balanced_prompts, prompts_for
     from genalign.toy.shapes_eval import evaluate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -75,13 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     specs = {p.caption: p for p in prompts_for("rl_train")}
-    captions = [
-        line.strip()
-        for line in Path(RL_TRAIN_PROMPT_FILE).read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
     by_category: dict[str, list] = {}
-    for caption in dict.fromkeys(captions):
+    for caption in dict.fromkeys(balanced_prompts("rl_train")):  # the demo's RL-train prompt file
         by_category.setdefault(specs[caption].category, []).append(specs[caption])
     prompts = []
     for category in sorted(by_category):

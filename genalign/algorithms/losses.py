@@ -24,7 +24,7 @@ import torch
 
 RatioReduction = Literal["sum", "mean"]
 
-__all__ = ["ppo_clip_loss", "reduce_log_prob", "score_function_loss"]
+__all__ = ["clip_bounds", "ppo_clip_loss", "reduce_log_prob", "score_function_loss"]
 
 
 def reduce_log_prob(
@@ -52,6 +52,15 @@ def _check_shapes(**tensors: torch.Tensor) -> None:
     if len(first) != 1 or any(shape != first for shape in shapes.values()):
         described = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
         raise ValueError(f"expected matching shapes [B]; got {described}")
+
+
+def clip_bounds(clip_range: float | tuple[float, float]) -> tuple[float, float]:
+    """``(eps_low, eps_high)`` of a symmetric ``eps`` or an asymmetric pair, checked:
+    ``0 <= eps_low < 1`` and ``eps_high >= 0`` (the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``)."""
+    low, high = (clip_range, clip_range) if isinstance(clip_range, (int, float)) else clip_range
+    if not (0 <= low < 1 and high >= 0):
+        raise ValueError(f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range}")
+    return low, high
 
 
 def ppo_clip_loss(
@@ -88,9 +97,7 @@ def ppo_clip_loss(
         (``0.5 * mean((log rho)^2)``, the k2 estimator DDPO logs) and ``policy_loss``.
     """
     _check_shapes(log_prob_new=log_prob_new, log_prob_old=log_prob_old, advantages=advantages)
-    low, high = (clip_range, clip_range) if isinstance(clip_range, (int, float)) else clip_range
-    if not (0 <= low < 1 and high >= 0):
-        raise ValueError(f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range}")
+    low, high = clip_bounds(clip_range)
 
     new = reduce_log_prob(log_prob_new.float(), ratio_reduction, num_dims)  # [B]
     old = reduce_log_prob(log_prob_old.detach().float(), ratio_reduction, num_dims)  # [B]

@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 
 from genalign.algorithms.kl import kl_k3
+from genalign.algorithms.losses import clip_bounds
 
 TokenAggregation = Literal["sequence_mean", "token_mean", "constant"]
 TOKEN_AGGREGATIONS: tuple[str, ...] = ("sequence_mean", "token_mean", "constant")
@@ -109,9 +110,7 @@ def token_ppo_loss(
             "log_probs, old_log_probs and completion_mask must share one [B, T] shape, got "
             f"{tuple(log_probs.shape)}, {tuple(old_log_probs.shape)} and {tuple(completion_mask.shape)}"
         )
-    low, high = (clip_range, clip_range) if isinstance(clip_range, (int, float)) else clip_range
-    if not (0 <= low < 1 and high >= 0):
-        raise ValueError(f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range}")
+    low, high = clip_bounds(clip_range)
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     if kl_coef > 0 and ref_log_probs is None:
