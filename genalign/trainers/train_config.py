@@ -12,7 +12,14 @@ from typing import Literal
 
 from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError
-from genalign.trainers.method_config import B2DiffuRLConfig, NFTConfig, ReFLConfig, RWRConfig, SolRLConfig
+from genalign.trainers.method_config import (
+    B2DiffuRLConfig,
+    NFTConfig,
+    ReFLConfig,
+    RWRConfig,
+    SolRLConfig,
+    TokenPPOConfig,
+)
 
 __all__ = ["TrainConfig"]
 
@@ -31,7 +38,7 @@ class TrainConfig:
     * ``strategy``: the rollout strategy, a name in ``genalign.trainers.strategies.STRATEGIES``
       (``groups``, ``b2diffurl``, ``sol_rl``) or ``"package.module:Class"``.
     * ``loss``: the loss, a name in ``genalign.trainers.losses.LOSSES`` (``ppo_clip``, ``nft``,
-      ``rwr``, ``refl``) or ``"package.module:Class"``.
+      ``rwr``, ``refl``, ``token_ppo`` for the ``language`` family) or ``"package.module:Class"``.
     * ``seed``: the global batch of every step (prompts, sample seeds, permutations) is a pure
       function of ``(seed, step)``.
 
@@ -69,7 +76,8 @@ class TrainConfig:
       ratio (DDPO, Flow-GRPO, so their clip ranges carry over); "sum" uses exact ratios.
     * ``kl_coef``: weight of the KL penalty to the reference model (0: none); for ``ppo_clip``
       ``kl_coef * ||mu_theta - mu_ref||^2 / (2 s^2)`` per trained step, for the forward-process
-      losses ``kl_coef * ||f_theta - f_ref||^2``.
+      losses ``kl_coef * ||f_theta - f_ref||^2``, for ``token_ppo`` ``kl_coef`` times the k3
+      estimator per completion token.
     * ``kl_convention``: ``s`` of the ``ppo_clip`` KL. "official" takes Flow-GRPO's (flow_grpo's
       ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without the step's
       ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's own std,
@@ -99,7 +107,7 @@ class TrainConfig:
     **Method options** (:mod:`genalign.trainers.method_config`; ``_check_methods``)
 
     * ``b2diffurl`` (strategy ``b2diffurl``), ``sol_rl`` (strategy ``sol_rl``), ``nft`` (loss
-      ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``).
+      ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``), ``token_ppo`` (loss ``token_ppo``).
     """
 
     # what is trained
@@ -151,6 +159,7 @@ class TrainConfig:
     rwr: RWRConfig = field(default_factory=RWRConfig)
     refl: ReFLConfig = field(default_factory=ReFLConfig)
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)
+    token_ppo: TokenPPOConfig = field(default_factory=TokenPPOConfig)
 
     def __post_init__(self) -> None:
         # in this order, so a recipe with several faults reports the same one first as before

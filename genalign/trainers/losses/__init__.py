@@ -1,7 +1,8 @@
 """Losses, one per file: how sampled trajectories and their advantages become gradients.
 
 ``LOSSES`` maps the recipe's ``train.loss`` names to the classes: ``ppo_clip``
-(:mod:`.ppo_clip`), ``nft`` (:mod:`.nft`), ``rwr`` (:mod:`.rwr`), ``refl`` (:mod:`.refl`); the
+(:mod:`.ppo_clip`), ``nft`` (:mod:`.nft`), ``rwr`` (:mod:`.rwr`), ``refl`` (:mod:`.refl`),
+``token_ppo`` (:mod:`.token_ppo`, the ``language`` family's); the
 contract and its hooks are :mod:`.base`; a loss outside genalign is named ``"package.module:Class"``.
 """
 
@@ -18,6 +19,7 @@ from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.ppo_clip import PPOClipLoss
 from genalign.trainers.losses.refl import ReFLLoss
 from genalign.trainers.losses.rwr import RWRLoss
+from genalign.trainers.losses.token_ppo import TokenPPOLoss
 
 __all__ = [
     "LOSSES",
@@ -27,6 +29,7 @@ __all__ = [
     "PolicyLoss",
     "RWRLoss",
     "ReFLLoss",
+    "TokenPPOLoss",
     "as_policy_loss",
     "conditional_settings",
     "reference_output_kl",
