@@ -66,11 +66,11 @@ def test_first_inner_step_is_on_policy(tmp_path):
 
 
 def test_reward_rises_over_a_short_run(tmp_path):
-    trainer = make_trainer(tmp_path, "train.num_steps=14", "logging.checkpoint_every=0")
+    trainer = make_trainer(tmp_path, "train.num_steps=20", "logging.checkpoint_every=0")
     history = trainer.train()
     rewards = [m["reward_mean"] for m in history]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first + 0.3, rewards
+    assert last > first + 0.5, rewards
     assert all(math.isfinite(m["kl"]) for m in history) and history[-1]["kl"] > 0  # it left the reference
     final = trainer.run_dir / "final"
     assert (final / "config.json").is_file() and (final / "tokenizer_config.json").is_file()
