@@ -400,6 +400,8 @@ class LanguagePolicy(torch.nn.Module):
             A :class:`TokenTrajectory`; its ``log_probs`` are recomputed by a forward pass at
             ``temperature`` over the finished sequences.
         """
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         validate_rollout_arguments(prompts, max_new_tokens, group_size)
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")

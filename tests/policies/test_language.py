@@ -241,3 +241,15 @@ def test_saved_lora_adapter_reloads(tmp_path):
     again = LanguagePolicy(reloaded, policy.processor, lora=None, train=False)
     with torch.no_grad():
         torch.testing.assert_close(again.log_prob(trajectory), trajectory.log_probs, atol=1e-6, rtol=0)
+
+
+def test_bad_rollout_arguments_are_refused():
+    policy = lm_policy(lora=False, train=False)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        policy.rollout(PROMPTS, max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        policy.rollout(PROMPTS, temperature=0.0)
+    with pytest.raises(ValueError, match="single string"):
+        policy.rollout("a red circle")
+    with pytest.raises(ValueError, match="text-only"):
+        policy.rollout(PROMPTS, images=torch.rand(2, 3, 32, 32))
