@@ -22,6 +22,7 @@ from typing import Any
 from genalign.policies.base import DiffusionPolicy, LoRASpec, LoraSpec, check_group_size
 from genalign.policies.consistency import ConsistencyPolicy
 from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
+from genalign.policies.joint import JointPolicy, JointTrajectory
 from genalign.policies.language import LanguagePolicy
 from genalign.policies.model_folder import check_model_folder
 from genalign.policies.sd import SDPolicy
@@ -60,6 +61,8 @@ __all__ = [
     "DiffusionPolicy",
     "FlowPolicy",
     "FluxPolicy",
+    "JointPolicy",
+    "JointTrajectory",
     "LanguagePolicy",
     "LoRASpec",
     "LoraSpec",  # deprecated alias of LoRASpec

@@ -5,15 +5,17 @@
 * diffusion families fully fine-tuned: the denoiser's ``save_pretrained`` folder (``unet/`` or
   ``transformer/``), gathered from the shards under FSDP;
 * the ``language`` family: a peft adapter folder under LoRA or the whole model in transformers
-  format, with the tokenizer or processor (:meth:`~genalign.policies.LanguagePolicy.save_pretrained`).
+  format, with the tokenizer or processor (:meth:`~genalign.policies.LanguagePolicy.save_pretrained`);
+* a joint run (:class:`~genalign.policies.JointPolicy`): each trained policy's, as above, in a
+  folder named after it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from genalign.policies import LanguagePolicy
+from genalign.policies import JointPolicy, LanguagePolicy
 
 if TYPE_CHECKING:
     from genalign.trainers.trainer import Trainer
@@ -22,10 +24,20 @@ __all__ = ["export_trained_weights"]
 
 
 def export_trained_weights(trainer: Trainer, out: Path) -> Path:
-    """Write ``trainer``'s trained weights to ``out`` (a collective under FSDP; the main process writes)."""
+    """Write ``trainer``'s trained weights to ``out`` (a collective under FSDP; the main process
+    writes); a joint run writes each policy's into ``out/<name>``."""
+    policy = trainer.policy
+    if isinstance(policy, JointPolicy):
+        for name in policy.names():
+            if policy[name].trainable_parameters():
+                _export_policy(trainer, policy[name], out / name)
+        return out
+    return _export_policy(trainer, policy, out)
+
+
+def _export_policy(trainer: Trainer, policy: Any, out: Path) -> Path:
     from genalign.trainers.distributed import full_state
 
-    policy = trainer.policy
     if isinstance(policy, LanguagePolicy):
         if trainer.is_main_process:
             policy.save_pretrained(out)

@@ -67,6 +67,10 @@ class TrainConfig:
     * ``lr_warmup_steps``: optimiser steps of linear warm-up; then ``lr_schedule`` "constant" or
       "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
       steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
+    * ``policy_learning_rates``: the learning rate of each policy of a joint run (a
+      :class:`~genalign.policies.JointPolicy`, e.g. PromptRL's ``{rewriter: 1.0e-6, generator:
+      2.0e-7}`` as UniRL), each its own AdamW parameter group under the same schedule; a policy
+      not named trains at ``learning_rate``.
     * ``ema_decay``: keep an EMA of the trained weights with this decay and export it (None: off).
 
     **Policy-gradient loss and KL** (``_check_loss``)
@@ -135,6 +139,7 @@ class TrainConfig:
     lr_warmup_steps: int = 0
     lr_schedule: Literal["constant", "linear"] = "constant"
     lr_decay_steps: int | None = None
+    policy_learning_rates: dict[str, float] = field(default_factory=dict)
     ema_decay: float | None = None
     # policy-gradient loss and KL
     clip_range: float = 1e-4
@@ -204,6 +209,9 @@ class TrainConfig:
     def _check_optimiser(self) -> None:
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        for name, rate in self.policy_learning_rates.items():
+            if not rate > 0:
+                raise ConfigError(f"train.policy_learning_rates.{name} must be positive, got {rate}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
 

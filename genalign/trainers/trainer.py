@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from genalign.algorithms import group_reward_statistics
-from genalign.policies import DiffusionPolicy, LanguagePolicy
+from genalign.policies import DiffusionPolicy, JointPolicy, LanguagePolicy
 from genalign.rewards import Reward
 from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
@@ -63,7 +63,9 @@ class Trainer:
 
     Args:
         policy: a :class:`~genalign.policies.DiffusionPolicy` or
-            :class:`~genalign.policies.LanguagePolicy` with trainable parameters.
+            :class:`~genalign.policies.LanguagePolicy` with trainable parameters, or a
+            :class:`~genalign.policies.JointPolicy` of several trained together (one optimiser
+            parameter group each, one advantage per sample shared by all: PromptRL).
         reward: a :class:`~genalign.rewards.Reward`.
         strategy: decides which trajectories exist (``genalign.trainers.strategies``).
         loss: turns them into gradients (``genalign.trainers.losses``).
@@ -76,7 +78,7 @@ class Trainer:
 
     def __init__(
         self,
-        policy: DiffusionPolicy | LanguagePolicy,
+        policy: DiffusionPolicy | LanguagePolicy | JointPolicy,
         reward: Reward,
         strategy: RolloutStrategy,
         loss: PolicyLoss,
@@ -111,6 +113,10 @@ class Trainer:
         for monitor in self.monitors.values():
             monitor.to(self.device)
         self.sharded = self._wants_fsdp() and self.accelerator.num_processes > 1
+        if self.sharded and not isinstance(policy, DiffusionPolicy):
+            raise ValueError(
+                f"FSDP shards a diffusion denoiser; the {policy.family!r} policy is not sharded yet"
+            )
         if self.sharded:
             from genalign.trainers.distributed import DEFAULT_WRAP_CLASSES, shard_module
 
@@ -125,7 +131,7 @@ class Trainer:
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
         self.optimizer = torch.optim.AdamW(
-            self.parameters,
+            optimizer_groups(policy, train),  # one per policy of a JointPolicy, with its own lr
             lr=train.learning_rate,
             betas=tuple(train.adam_betas),
             weight_decay=train.adam_weight_decay,
@@ -240,6 +246,9 @@ class Trainer:
         metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        if len(self.optimizer.param_groups) > 1:
+            for group, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
+                metrics[f"lr_{group['name']}"] = lr
         metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
@@ -523,6 +532,25 @@ def make_accelerator(config: RecipeConfig) -> Any:
         log_with=list(config.logging.trackers) or None,
         project_dir=config.logging.run_dir.format(name=config.name),
     )
+
+
+def optimizer_groups(policy: Any, train: Any) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: one for a single policy; for a
+    :class:`~genalign.policies.JointPolicy` one per policy that has trainable parameters, named
+    after it, at ``train.policy_learning_rates[name]`` (default ``train.learning_rate``)."""
+    if not isinstance(policy, JointPolicy):
+        return [{"params": policy.trainable_parameters()}]
+    rates = dict(train.policy_learning_rates)
+    unknown = sorted(set(rates) - set(policy.names()))
+    if unknown:
+        raise ValueError(
+            f"train.policy_learning_rates.{unknown[0]}: no policy of that name; the joint policy has {policy.names()}"
+        )
+    return [
+        {"params": parameters, "lr": rates.get(name, train.learning_rate), "name": name}
+        for name, parameters in policy.parameter_groups().items()
+        if parameters
+    ]
 
 
 def _plain(config: Any) -> Any:

@@ -2,7 +2,8 @@
 
 ``LOSSES`` maps the recipe's ``train.loss`` names to the classes: ``ppo_clip``
 (:mod:`.ppo_clip`), ``nft`` (:mod:`.nft`), ``rwr`` (:mod:`.rwr`), ``refl`` (:mod:`.refl`),
-``token_ppo`` (:mod:`.token_ppo`, the ``language`` family's); the
+``token_ppo`` (:mod:`.token_ppo`, the ``language`` family's); :class:`JointLoss` (:mod:`.joint`)
+sums the losses of a joint run's policies; the
 contract and its hooks are :mod:`.base`; a loss outside genalign is named ``"package.module:Class"``.
 """
 
@@ -15,6 +16,7 @@ from genalign.trainers.losses.forward_process import (
     seeded_noise,
     with_reference_kl,
 )
+from genalign.trainers.losses.joint import JointLoss
 from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.ppo_clip import PPOClipLoss
 from genalign.trainers.losses.refl import ReFLLoss
@@ -24,6 +26,7 @@ from genalign.trainers.losses.token_ppo import TokenPPOLoss
 __all__ = [
     "LOSSES",
     "FunctionLoss",
+    "JointLoss",
     "NFTLoss",
     "PPOClipLoss",
     "PolicyLoss",
