@@ -5,6 +5,13 @@ a class directly as ``"package.module:Class"``::
 
     policy = load_policy("sd", "stabilityai/stable-diffusion-2-1", lora={"rank": 8})
     trajectory = policy.rollout(["a red circle"], group_size=4, generator=0)
+
+The ``language`` family (:mod:`.language`) wraps transformers LMs and VLMs; its rollouts are
+:class:`TokenTrajectory` records of tokens, masks and per-token log-probs::
+
+    policy = load_policy("language", "Qwen/Qwen2.5-0.5B-Instruct", lora={"rank": 8,
+                         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
+    trajectory = policy.rollout(["a red circle"], group_size=4, generator=0, temperature=1.0)
 """
 
 from __future__ import annotations
@@ -15,15 +22,19 @@ from typing import Any
 from genalign.policies.base import DiffusionPolicy, LoRASpec, LoraSpec, check_group_size
 from genalign.policies.consistency import ConsistencyPolicy
 from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
+from genalign.policies.joint import JointPolicy, JointTrajectory
+from genalign.policies.language import LanguagePolicy
 from genalign.policies.model_folder import check_model_folder
 from genalign.policies.sd import SDPolicy
+from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 from genalign.policies.trajectory import RolloutSettings, Trajectory
 from genalign.registry import Registry
 
-POLICIES: Registry[type[DiffusionPolicy]] = Registry("policy family")
+POLICIES: Registry[type[DiffusionPolicy] | type[LanguagePolicy]] = Registry("policy family")
 POLICIES.add("sd", SDPolicy)
 POLICIES.add("flow", FlowPolicy)
 POLICIES.add("consistency", ConsistencyPolicy)
+POLICIES.add("language", LanguagePolicy)
 
 
 def register_policy(name: str):
@@ -31,7 +42,7 @@ def register_policy(name: str):
     return POLICIES.register(name)
 
 
-def load_policy(family: str, path: str | Path, **kwargs: Any) -> DiffusionPolicy:
+def load_policy(family: str, path: str | Path, **kwargs: Any) -> DiffusionPolicy | LanguagePolicy:
     """Load a policy of ``family`` from a hub id, a local folder, or ``tiny:NAME`` (an offline tiny
     model, see :mod:`genalign.tiny.materialize`); kwargs go to ``from_pretrained``."""
     from genalign.tiny.materialize import materialize
@@ -50,12 +61,17 @@ __all__ = [
     "DiffusionPolicy",
     "FlowPolicy",
     "FluxPolicy",
+    "JointPolicy",
+    "JointTrajectory",
+    "LanguagePolicy",
     "LoRASpec",
     "LoraSpec",  # deprecated alias of LoRASpec
     "RolloutSettings",
     "SD3Policy",
     "SDPolicy",
     "SanaPolicy",
+    "TokenSettings",
+    "TokenTrajectory",
     "Trajectory",
     "check_group_size",
     "check_model_folder",

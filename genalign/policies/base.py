@@ -184,6 +184,11 @@ class DiffusionPolicy(torch.nn.Module):
         """The trained network: the pipeline's component named ``denoiser_name``."""
         return getattr(self.pipeline, self.denoiser_name)
 
+    @property
+    def trained_module(self) -> torch.nn.Module:
+        """The network whose parameters are trained (the trainer's view; the denoiser here)."""
+        return self.denoiser
+
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Modules never trained (VAE, text encoders)."""
         return [m for m in self.pipeline.components.values() if isinstance(m, torch.nn.Module)]

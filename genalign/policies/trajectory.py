@@ -68,6 +68,11 @@ class Trajectory:
     def num_steps(self) -> int:
         return self.timesteps.shape[1]
 
+    @property
+    def outputs(self) -> torch.Tensor:
+        """What a reward scores: the decoded images ``[B, 3, H, W]``."""
+        return self.images
+
     def stochastic_steps(self) -> torch.Tensor:
         """Indices of the steps that are stochastic for every sample (the trainable ones)."""
         return (self.stds > 0).all(dim=0).nonzero().flatten().cpu()

@@ -17,6 +17,8 @@ name                       what                                                 
 ``vlm_yes``                P("yes") from a VLM: VQAScore / RewardDance (comparative)   no
 ``iqa``                    VLM expected rating: Q-Align, Q-Boost; Q-Hawkeye variance   no
 ``clip_iqa``               CLIP-IQA antonym prompts (Wang et al. 2023)                 yes
+``keyword``                text: keyword occurrences in a completion (verifiable)      no
+``text_length``            text: closeness of a completion's length to a target         no
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 =========================  ==========================================================  =====
 """
@@ -55,6 +57,7 @@ from genalign.rewards.jpeg import (
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
+from genalign.rewards.text import KeywordReward, TextLengthReward
 from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
 
@@ -78,6 +81,8 @@ __all__ = [
     "CLIPScoreReward",
     "EnsembleReward",
     "HPSv2Reward",
+    "KeywordReward",
+    "TextLengthReward",
     "JPEGCompressibilityReward",
     "JPEGIncompressibilityReward",
     "OpenCLIPEmbedder",

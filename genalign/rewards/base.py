@@ -69,7 +69,9 @@ class Reward(torch.nn.Module):
 
     name: str = "reward"
     differentiable: bool = False
-    input_kind: str = "image"  # "image" ([B,3,H,W] in [0,1]) or "svg" (list of SVG strings)
+    # "image" ([B,3,H,W] in [0,1]), "svg" (list of SVG strings) or "text" (a language policy's
+    # completions: a list of strings)
+    input_kind: str = "image"
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__()
@@ -94,14 +96,16 @@ class Reward(torch.nn.Module):
             batch = validate_images(images)
         else:
             if isinstance(images, str) or not isinstance(images, Sequence):
-                raise ValueError(f"{self.name}: expected a list of SVG strings, got {type(images).__name__}")
+                what = "SVG strings" if self.input_kind == "svg" else "strings"
+                raise ValueError(f"{self.name}: expected a list of {what}, got {type(images).__name__}")
             batch = len(images)
         if prompts is not None:
             if isinstance(prompts, str):
                 raise ValueError(f"{self.name}: prompts must be a list of strings, not a single string")
             if len(prompts) != batch:
                 shape = f" (shape {tuple(images.shape)})" if torch.is_tensor(images) else ""
-                raise ValueError(f"{self.name}: got {batch} images{shape} but {len(prompts)} prompts")
+                noun = "texts" if self.input_kind == "text" else "images"
+                raise ValueError(f"{self.name}: got {batch} {noun}{shape} but {len(prompts)} prompts")
         return batch
 
     def _check_output(self, out: RewardOutput, batch: int) -> RewardOutput:

@@ -1,6 +1,7 @@
 """``tiny:NAME`` model paths: build a tiny model once, save it, and load it like any folder.
 
-Recipes under ``configs/tiny/`` name models as ``tiny:sd``, ``tiny:flux`` ... The first use
+Recipes under ``configs/tiny/`` name models as ``tiny:sd``, ``tiny:flux`` ... (``tiny:qwen2`` and
+``tiny:llava`` are the language family's transformers folders). The first use
 builds the model with its :mod:`genalign.tiny` builder (seed 0), saves it with
 ``save_pretrained`` into a cache folder (keyed by a hash of the builders' source, so an edited
 builder never serves a stale model), and every use then loads that folder through the same
@@ -17,9 +18,11 @@ TINY_PREFIX = "tiny:"
 
 
 def _builders() -> dict[str, Callable]:
-    from genalign.tiny import diffusion
+    from genalign.tiny import diffusion, language
 
     return {
+        "qwen2": language.qwen2_lm,  # transformers folders: the language family
+        "llava": language.llava_vlm,
         "sd": diffusion.sd_pipeline,
         "sdxl": diffusion.sdxl_pipeline,
         "sd3": diffusion.sd3_pipeline,
@@ -30,18 +33,33 @@ def _builders() -> dict[str, Callable]:
     }
 
 
-def _builder_fingerprint() -> str:
-    """Changes whenever the builders or diffusers change, so a stale cached model is never reused."""
+LANGUAGE_MODELS = ("qwen2", "llava")  # saved by transformers (config.json), not diffusers
+
+
+def _complete_marker(name: str) -> str:
+    """The file a finished save of tiny model ``name`` holds."""
+    return "config.json" if name in LANGUAGE_MODELS else "model_index.json"
+
+
+def _builder_fingerprint(name: str = "sd") -> str:
+    """Changes whenever the builders or their library change, so a stale cached model is never
+    reused (diffusers' builders and version for pipelines, transformers' for language models)."""
     import hashlib
 
-    import diffusers
+    from genalign.tiny import tokenizers
 
-    from genalign.tiny import diffusion, tokenizers
+    if name in LANGUAGE_MODELS:
+        import transformers as library
 
+        from genalign.tiny import language as builders
+    else:
+        import diffusers as library
+
+        from genalign.tiny import diffusion as builders
     digest = hashlib.sha256()
-    for module in (diffusion, tokenizers):
+    for module in (builders, tokenizers):
         digest.update(Path(module.__file__).read_bytes())
-    digest.update(diffusers.__version__.encode())
+    digest.update(library.__version__.encode())
     return digest.hexdigest()[:10]
 
 
@@ -68,13 +86,14 @@ def materialize(path: str | Path) -> str:
     builders = _builders()
     if name not in builders:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(sorted(builders))}")
-    folder = tiny_cache_dir() / f"{name}-{_builder_fingerprint()}"
+    folder = tiny_cache_dir() / f"{name}-{_builder_fingerprint(name)}"
+    marker = folder / _complete_marker(name)
     local_rank = os.environ.get("LOCAL_RANK")
-    if local_rank not in (None, "0") and not (folder / "model_index.json").is_file():
+    if local_rank not in (None, "0") and not marker.is_file():
         # one builder per machine: under torchrun/accelerate only local rank 0 builds (saving
         # from other ranks is unreliable: transformers skips writes off the main process)
-        _wait_for(folder / "model_index.json")
-    if not (folder / "model_index.json").is_file():
+        _wait_for(marker)
+    if not marker.is_file():
         staging = folder.with_name(f"{name}.tmp-{os.getpid()}")
         builders[name](seed=0, save_to=staging)
         folder.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,15 @@ from __future__ import annotations
 from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from genalign.trainers.config import RecipeConfig, load_recipe
 from genalign.trainers.ema import ParameterEMA
-from genalign.trainers.losses import LOSSES, NFTLoss, PolicyLoss, PPOClipLoss, ReFLLoss, RWRLoss
+from genalign.trainers.losses import (
+    LOSSES,
+    NFTLoss,
+    PolicyLoss,
+    PPOClipLoss,
+    ReFLLoss,
+    RWRLoss,
+    TokenPPOLoss,
+)
 from genalign.trainers.strategies import (
     STRATEGIES,
     B2DiffuRLStrategy,
@@ -24,7 +32,7 @@ from genalign.trainers.trainer import Trainer, build_trainer
 
 METHODS = {
     "ddpo": "sd family, DDIM eta=1, per-prompt stat tracker, PPO-clip (Black et al. 2023)",
-    "grpo": "any family, group-relative advantages, PPO-clip (Shao et al. 2024)",
+    "grpo": "any family, group-relative advantages, PPO-clip; language family: token_ppo (Shao et al. 2024)",
     "flow_grpo": "flow family, SDE rollouts, group advantages, KL to reference (Liu et al. 2025)",
     "rlcm": "consistency family, RLCM step policy, PPO-clip (Oertell et al. 2024)",
     "diffusion_nft": "flow or sd family, forward-process NFT loss, EMA old policy (Zheng et al. 2025)",
@@ -62,6 +70,7 @@ __all__ = [
     "RolloutContext",
     "RolloutStrategy",
     "SolRLStrategy",
+    "TokenPPOLoss",
     "Trainer",
     "build_trainer",
     "latest_checkpoint",

@@ -61,6 +61,39 @@ class ModelConfig:
 
 
 @dataclass
+class LanguageSamplingConfig:
+    """``sampling.language``: how a ``language`` policy samples completions
+    (:meth:`genalign.policies.LanguagePolicy.rollout`).
+
+    ``temperature``: ``T`` of ``softmax(logits / T)``, used for sampling and for every recorded and
+    recomputed log-prob (UniRL's PromptRL samples at 1.0); ``max_new_tokens``: the completion
+    budget (a completion also ends at its first EOS token; Dr. GRPO's constant normaliser);
+    ``chat_template``: render each prompt as a user turn of the tokenizer's chat template when it
+    has one; ``system_prompt``: an optional system turn before it.
+    """
+
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    chat_template: bool = True
+    system_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ConfigError(f"sampling.language.temperature must be positive, got {self.temperature}")
+        if self.max_new_tokens <= 0:
+            raise ConfigError(f"sampling.language.max_new_tokens must be positive, got {self.max_new_tokens}")
+
+    def rollout_kwargs(self) -> dict[str, Any]:
+        """The settings as keyword arguments of ``LanguagePolicy.rollout``."""
+        return {
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "chat_template": self.chat_template,
+            "system_prompt": self.system_prompt,
+        }
+
+
+@dataclass
 class SamplingConfig:
     """``sampling``: how rollouts are drawn.
 
@@ -71,7 +104,8 @@ class SamplingConfig:
     ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
     tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
     consistency step at its own timestep and train on it, as RLCM's code does (False: the last
-    step is deterministic and untrained, as in diffusers)."""
+    step is deterministic and untrained, as in diffusers). ``language``: the ``language``
+    family's settings (:class:`LanguageSamplingConfig`); the diffusion families ignore them."""
 
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
@@ -83,6 +117,7 @@ class SamplingConfig:
     negative_prompt: str = ""
     lcm_schedule: Literal["diffusers", "rlcm"] = "diffusers"
     lcm_final_noise: bool = False
+    language: LanguageSamplingConfig = field(default_factory=LanguageSamplingConfig)
 
     def __post_init__(self) -> None:
         if self.num_inference_steps <= 0:
@@ -230,12 +265,42 @@ class RecipeConfig:
                 "sampling.lcm_final_noise records a re-noised last latent, which only the ppo_clip loss "
                 f"trains on; train.loss {self.train.loss!r} needs the clean last latent"
             )
+        self._check_language()
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps
         if self.train.strategy == "b2diffurl" and max(b2.split_step_start, b2.split_step_end or 0) > steps:
             raise ConfigError(
                 f"train.b2diffurl.split_step_start / split_step_end ({b2.split_step_start} / "
                 f"{b2.split_step_end}) exceed sampling.num_inference_steps {steps}"
+            )
+
+    def _check_language(self) -> None:
+        """The ``language`` family trains with ``token_ppo`` on plain groups, and only it does."""
+        language = self.model.family == "language"
+        loss, strategy = self.train.loss, self.train.strategy
+        if language and loss != "token_ppo" and ":" not in loss:
+            raise ConfigError(
+                f"model.family 'language' trains with train.loss 'token_ppo', but train.loss is {loss!r}"
+            )
+        if loss == "token_ppo" and not language:
+            raise ConfigError(
+                f"train.loss 'token_ppo' trains token sequences of the 'language' family, but model.family is {self.model.family!r}"
+            )
+        if not language:
+            return
+        if strategy != "groups" and ":" not in strategy:
+            raise ConfigError(
+                f"train.strategy {strategy!r} rolls out denoising chains; the 'language' family rolls out with 'groups'"
+            )
+        if self.train.fsdp:
+            raise ConfigError(
+                "train.fsdp: the 'language' family is not sharded yet; train it with DDP or on one process"
+            )
+        lora = self.model.lora
+        if lora is not None and list(lora.target_modules) == LoRAConfig().target_modules:
+            raise ConfigError(
+                f"model.lora.target_modules {list(lora.target_modules)} are a diffusers denoiser's layers; "
+                "a language model's are e.g. [q_proj, k_proj, v_proj, o_proj]"
             )
 
     def fingerprint(self, prompts: Sequence[str] | None = None) -> str:

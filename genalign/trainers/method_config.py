@@ -1,5 +1,6 @@
 """Options of the methods that bring their own settings: the ``b2diffurl`` and ``sol_rl``
-strategies and the ``nft``, ``rwr`` and ``refl`` losses (``train.<method>`` in a recipe).
+strategies and the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses (``train.<method>`` in a
+recipe).
 
 Each schema documents its fields and checks them in ``__post_init__``; checks that need other
 sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConfig` and
@@ -13,7 +14,7 @@ from typing import ClassVar, Literal
 
 from genalign.config import ConfigError
 
-__all__ = ["B2DiffuRLConfig", "NFTConfig", "ReFLConfig", "RWRConfig", "SolRLConfig"]
+__all__ = ["B2DiffuRLConfig", "NFTConfig", "ReFLConfig", "RWRConfig", "SolRLConfig", "TokenPPOConfig"]
 
 
 @dataclass
@@ -203,3 +204,28 @@ class SolRLConfig:
     @property
     def kept_per_prompt(self) -> int:
         return self.pool_size if self.selection == "all" else self.keep_top + self.keep_bottom
+
+
+@dataclass
+class TokenPPOConfig:
+    """Options of the ``token_ppo`` loss of the ``language`` family
+    (``genalign.trainers.losses.token_ppo``; the math is :func:`genalign.algorithms.token_ppo_loss`).
+
+    ``eps_low`` / ``eps_high``: the per-token ratio is clipped to ``[1 - eps_low, 1 + eps_high]``
+    (PPO / GRPO: both 0.2; DAPO's clip-higher, Yu et al. 2025, eq. 10: 0.2 / 0.28).
+    ``aggregation``: how per-token terms become the loss: ``"sequence_mean"`` (each completion's
+    mean over its tokens, then the mean over completions: GRPO, Shao et al. 2024, eq. 3, and UniRL's
+    PromptRL trainer), ``"token_mean"`` (every token of the minibatch weighs the same: DAPO) or
+    ``"constant"`` (the token sum over ``B * sampling.language.max_new_tokens``: Dr. GRPO, Liu et
+    al. 2025). The weight of the k3 KL to the reference is ``train.kl_coef`` (UniRL: 0.01).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: Literal["sequence_mean", "token_mean", "constant"] = "sequence_mean"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.eps_low < 1.0:
+            raise ConfigError(f"train.token_ppo.eps_low must lie in (0, 1), got {self.eps_low}")
+        if self.eps_high <= 0.0:
+            raise ConfigError(f"train.token_ppo.eps_high must be positive, got {self.eps_high}")

@@ -12,7 +12,14 @@ from typing import Literal
 
 from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError
-from genalign.trainers.method_config import B2DiffuRLConfig, NFTConfig, ReFLConfig, RWRConfig, SolRLConfig
+from genalign.trainers.method_config import (
+    B2DiffuRLConfig,
+    NFTConfig,
+    ReFLConfig,
+    RWRConfig,
+    SolRLConfig,
+    TokenPPOConfig,
+)
 
 __all__ = ["TrainConfig"]
 
@@ -31,7 +38,7 @@ class TrainConfig:
     * ``strategy``: the rollout strategy, a name in ``genalign.trainers.strategies.STRATEGIES``
       (``groups``, ``b2diffurl``, ``sol_rl``) or ``"package.module:Class"``.
     * ``loss``: the loss, a name in ``genalign.trainers.losses.LOSSES`` (``ppo_clip``, ``nft``,
-      ``rwr``, ``refl``) or ``"package.module:Class"``.
+      ``rwr``, ``refl``, ``token_ppo`` for the ``language`` family) or ``"package.module:Class"``.
     * ``seed``: the global batch of every step (prompts, sample seeds, permutations) is a pure
       function of ``(seed, step)``.
 
@@ -60,6 +67,10 @@ class TrainConfig:
     * ``lr_warmup_steps``: optimiser steps of linear warm-up; then ``lr_schedule`` "constant" or
       "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
       steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
+    * ``policy_learning_rates``: the learning rate of each policy of a joint run (a
+      :class:`~genalign.policies.JointPolicy`, e.g. PromptRL's ``{rewriter: 1.0e-6, generator:
+      2.0e-7}`` as UniRL), each its own AdamW parameter group under the same schedule; a policy
+      not named trains at ``learning_rate``.
     * ``ema_decay``: keep an EMA of the trained weights with this decay and export it (None: off).
 
     **Policy-gradient loss and KL** (``_check_loss``)
@@ -69,7 +80,8 @@ class TrainConfig:
       ratio (DDPO, Flow-GRPO, so their clip ranges carry over); "sum" uses exact ratios.
     * ``kl_coef``: weight of the KL penalty to the reference model (0: none); for ``ppo_clip``
       ``kl_coef * ||mu_theta - mu_ref||^2 / (2 s^2)`` per trained step, for the forward-process
-      losses ``kl_coef * ||f_theta - f_ref||^2``.
+      losses ``kl_coef * ||f_theta - f_ref||^2``, for ``token_ppo`` ``kl_coef`` times the k3
+      estimator per completion token.
     * ``kl_convention``: ``s`` of the ``ppo_clip`` KL. "official" takes Flow-GRPO's (flow_grpo's
       ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without the step's
       ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's own std,
@@ -99,7 +111,7 @@ class TrainConfig:
     **Method options** (:mod:`genalign.trainers.method_config`; ``_check_methods``)
 
     * ``b2diffurl`` (strategy ``b2diffurl``), ``sol_rl`` (strategy ``sol_rl``), ``nft`` (loss
-      ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``).
+      ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``), ``token_ppo`` (loss ``token_ppo``).
     """
 
     # what is trained
@@ -127,6 +139,7 @@ class TrainConfig:
     lr_warmup_steps: int = 0
     lr_schedule: Literal["constant", "linear"] = "constant"
     lr_decay_steps: int | None = None
+    policy_learning_rates: dict[str, float] = field(default_factory=dict)
     ema_decay: float | None = None
     # policy-gradient loss and KL
     clip_range: float = 1e-4
@@ -151,6 +164,7 @@ class TrainConfig:
     rwr: RWRConfig = field(default_factory=RWRConfig)
     refl: ReFLConfig = field(default_factory=ReFLConfig)
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)
+    token_ppo: TokenPPOConfig = field(default_factory=TokenPPOConfig)
 
     def __post_init__(self) -> None:
         # in this order, so a recipe with several faults reports the same one first as before
@@ -195,6 +209,9 @@ class TrainConfig:
     def _check_optimiser(self) -> None:
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        for name, rate in self.policy_learning_rates.items():
+            if not rate > 0:
+                raise ConfigError(f"train.policy_learning_rates.{name} must be positive, got {rate}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay must lie in (0, 1), got {self.ema_decay}")
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from genalign.algorithms import group_reward_statistics
-from genalign.policies import DiffusionPolicy
+from genalign.policies import DiffusionPolicy, JointPolicy, LanguagePolicy
 from genalign.rewards import Reward
 from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
@@ -62,7 +62,10 @@ class Trainer:
     """RL fine-tuning of a generator policy against a reward.
 
     Args:
-        policy: a :class:`~genalign.policies.DiffusionPolicy` with trainable parameters.
+        policy: a :class:`~genalign.policies.DiffusionPolicy` or
+            :class:`~genalign.policies.LanguagePolicy` with trainable parameters, or a
+            :class:`~genalign.policies.JointPolicy` of several trained together (one optimiser
+            parameter group each, one advantage per sample shared by all: PromptRL).
         reward: a :class:`~genalign.rewards.Reward`.
         strategy: decides which trajectories exist (``genalign.trainers.strategies``).
         loss: turns them into gradients (``genalign.trainers.losses``).
@@ -75,7 +78,7 @@ class Trainer:
 
     def __init__(
         self,
-        policy: DiffusionPolicy,
+        policy: DiffusionPolicy | LanguagePolicy | JointPolicy,
         reward: Reward,
         strategy: RolloutStrategy,
         loss: PolicyLoss,
@@ -110,6 +113,10 @@ class Trainer:
         for monitor in self.monitors.values():
             monitor.to(self.device)
         self.sharded = self._wants_fsdp() and self.accelerator.num_processes > 1
+        if self.sharded and not isinstance(policy, DiffusionPolicy):
+            raise ValueError(
+                f"FSDP shards a diffusion denoiser; the {policy.family!r} policy is not sharded yet"
+            )
         if self.sharded:
             from genalign.trainers.distributed import DEFAULT_WRAP_CLASSES, shard_module
 
@@ -124,7 +131,7 @@ class Trainer:
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
         self.optimizer = torch.optim.AdamW(
-            self.parameters,
+            optimizer_groups(policy, train),  # one per policy of a JointPolicy, with its own lr
             lr=train.learning_rate,
             betas=tuple(train.adam_betas),
             weight_decay=train.adam_weight_decay,
@@ -142,7 +149,7 @@ class Trainer:
         # a callback may add entries to ``metrics`` (e.g. a periodic held-out evaluation)
         self.callbacks: list[Any] = []
         self.history: list[dict[str, Any]] = []
-        self._last_images: torch.Tensor | None = None
+        self._last_outputs: torch.Tensor | list[str] | None = None  # images, or completions
         self._grad_norms: list[float] = []  # this step's gradient norms, one per optimizer step
         self._nonfinite_grad_steps = 0  # this step's optimizer steps skipped for a non-finite gradient
         self.loss.bind(self)  # a loss that needs the reward itself (ReFL)
@@ -239,6 +246,9 @@ class Trainer:
         metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        if len(self.optimizer.param_groups) > 1:
+            for group, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
+                metrics[f"lr_{group['name']}"] = lr
         metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
@@ -249,10 +259,10 @@ class Trainer:
     def collect(self, step: int) -> RolloutBatch:
         """The step's rollouts, scored, with advantages (in the loss's rollout policy)."""
         self.loss.begin_step(step)
-        self.policy.denoiser.eval()  # no dropout: rollout and re-scoring see the same function
+        self.policy.trained_module.eval()  # no dropout: rollout and re-scoring see the same function
         with self.loss.rollout_policy(self, step):  # DiffusionNFT samples with its old policy
             batch = self.strategy.collect(self.rollout_context(), step)
-        self._last_images = batch.trajectory.images
+        self._last_outputs = batch.trajectory.outputs
         return batch
 
     def _trainable_steps(self, batch: RolloutBatch) -> torch.Tensor:
@@ -343,7 +353,7 @@ class Trainer:
         trajectory = batch.trajectory
         for name, monitor in self.monitors.items():
             with torch.no_grad():
-                scores = monitor(trajectory.images, trajectory.prompts).scores.detach().float()
+                scores = monitor(trajectory.outputs, trajectory.prompts).scores.detach().float()
             scores = self.gather(scores.to(self.device)).cpu()
             finite = scores[torch.isfinite(scores)]
             metrics[f"monitor_{name}"] = float(finite.mean()) if finite.numel() else float("nan")
@@ -402,12 +412,17 @@ class Trainer:
             if self.config.logging.trackers:
                 self.accelerator.log(numeric, step=metrics["step"])
 
-    def save_samples(self, trajectory_images: torch.Tensor, step: int) -> None:
+    def save_samples(self, outputs: torch.Tensor | list[str], step: int) -> None:
+        """A grid of the step's images, or a language policy's completions as JSON lines."""
         from genalign.utils.images import make_grid
 
         folder = self.run_dir / "samples"
         folder.mkdir(parents=True, exist_ok=True)
-        make_grid(trajectory_images.cpu()).save(folder / f"step-{step:06d}.png")
+        if torch.is_tensor(outputs):
+            make_grid(outputs.cpu()).save(folder / f"step-{step:06d}.png")
+            return
+        rows = [{"completion": text} for text in outputs]
+        (folder / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
     # ---- the loop ------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
@@ -477,7 +492,7 @@ class Trainer:
         bar.set_postfix(reward=f"{metrics['reward_mean']:.4g}")
         every = config.logging.sample_every
         if every and step % every == 0 and self.is_main_process:
-            self.save_samples(self._last_images, step)
+            self.save_samples(self._last_outputs, step)
         if config.logging.checkpoint_every and self.step % config.logging.checkpoint_every == 0:
             self.save()
 
@@ -486,7 +501,8 @@ class Trainer:
         return int(path.name.split("-")[-1]) if path else -1
 
     def export_weights(self) -> Path:
-        """Trained weights in the standard format: a diffusers LoRA file, or the full denoiser.
+        """Trained weights in the standard format (:mod:`genalign.trainers.export`): a diffusers
+        LoRA file or the full denoiser; a language policy's peft adapter or whole model.
 
         With ``train.ema_decay`` set, the exported weights are the EMA of the trained ones.
         """
@@ -496,32 +512,9 @@ class Trainer:
         return self._export_weights()
 
     def _export_weights(self) -> Path:
-        from genalign.trainers.distributed import full_state
+        from genalign.trainers.export import export_trained_weights
 
-        out = self.run_dir / "final"
-        pipeline = self.policy.pipeline
-        denoiser = self.policy.denoiser
-        component = "unet" if hasattr(pipeline, "unet") else "transformer"
-        if self.policy.lora is not None:
-            from peft.utils import get_peft_model_state_dict
-
-            state = full_state(get_peft_model_state_dict(denoiser))
-            if self.is_main_process:
-                out.mkdir(parents=True, exist_ok=True)
-                type(pipeline).save_lora_weights(
-                    out, **{f"{component}_lora_layers": state}, safe_serialization=True
-                )
-        elif self.sharded:
-            state = full_state(dict(denoiser.state_dict()))
-            if self.is_main_process:
-                # an unsharded twin of the denoiser holds the gathered weights for save_pretrained
-                twin = type(denoiser).from_config(denoiser.config)
-                twin.load_state_dict(state)
-                twin.save_pretrained(out / component)
-        elif self.is_main_process:
-            denoiser.save_pretrained(out / component)
-        self.accelerator.wait_for_everyone()
-        return out
+        return export_trained_weights(self, self.run_dir / "final")
 
     def plot_rewards(self) -> Path | None:
         from genalign.utils.plots import reward_curve
@@ -539,6 +532,25 @@ def make_accelerator(config: RecipeConfig) -> Any:
         log_with=list(config.logging.trackers) or None,
         project_dir=config.logging.run_dir.format(name=config.name),
     )
+
+
+def optimizer_groups(policy: Any, train: Any) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: one for a single policy; for a
+    :class:`~genalign.policies.JointPolicy` one per policy that has trainable parameters, named
+    after it, at ``train.policy_learning_rates[name]`` (default ``train.learning_rate``)."""
+    if not isinstance(policy, JointPolicy):
+        return [{"params": policy.trainable_parameters()}]
+    rates = dict(train.policy_learning_rates)
+    unknown = sorted(set(rates) - set(policy.names()))
+    if unknown:
+        raise ValueError(
+            f"train.policy_learning_rates.{unknown[0]}: no policy of that name; the joint policy has {policy.names()}"
+        )
+    return [
+        {"params": parameters, "lr": rates.get(name, train.learning_rate), "name": name}
+        for name, parameters in policy.parameter_groups().items()
+        if parameters
+    ]
 
 
 def _plain(config: Any) -> Any:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genalign.policies import Trajectory
+from genalign.policies import LanguagePolicy, TokenTrajectory, Trajectory
 from genalign.registry import Registry
 from genalign.trainers.guards import skip_nonfinite_rewards
 
@@ -67,7 +67,7 @@ class RolloutContext:
             log-probs in, so the first inner step is exactly on-policy.
     """
 
-    policy: DiffusionPolicy
+    policy: DiffusionPolicy | LanguagePolicy
     reward: Reward
     prompts: list[str]
     sampling: SamplingConfig
@@ -78,8 +78,11 @@ class RolloutContext:
     precision: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def rollout_kwargs(self) -> dict[str, Any]:
-        """The sampling settings as keyword arguments of ``policy.rollout``."""
+        """The sampling settings as keyword arguments of ``policy.rollout`` (a language policy's:
+        ``sampling.language``)."""
         s = self.sampling
+        if isinstance(self.policy, LanguagePolicy):
+            return s.language.rollout_kwargs()
         return {
             "num_inference_steps": s.num_inference_steps,
             "guidance_scale": s.guidance_scale,
@@ -93,9 +96,10 @@ class RolloutContext:
             "lcm_final_noise": s.lcm_final_noise,
         }
 
-    def score(self, trajectory: Trajectory) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Rewards ``[B_local]`` fp32 on :attr:`device` and the reward's numeric details."""
-        out = self.reward(trajectory.images, list(trajectory.prompts))
+    def score(self, trajectory: Trajectory | TokenTrajectory) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Rewards ``[B_local]`` fp32 on :attr:`device` and the reward's numeric details; the
+        reward scores ``trajectory.outputs`` (images, or a language policy's completions)."""
+        out = self.reward(trajectory.outputs, list(trajectory.prompts))
         details = {k: v for k, v in out.details.items() if isinstance(v, (int, float))}
         return out.scores.detach().float().to(self.device), details
 
@@ -105,7 +109,8 @@ class RolloutBatch:
     """This process's share of one step's samples.
 
     Attributes:
-        trajectory: the local trajectories (B_local).
+        trajectory: the local trajectories (B_local): a :class:`~genalign.policies.Trajectory`,
+            or a language policy's :class:`~genalign.policies.TokenTrajectory`.
         rewards: ``[B_local]`` fp32.
         advantages: ``[B_local]`` fp32.
         global_index: ``[B_local]`` position of each local sample in the global batch.
@@ -121,7 +126,7 @@ class RolloutBatch:
         global_prompts: the ``B_global`` prompts, for per-prompt advantages; None: unknown.
     """
 
-    trajectory: Trajectory
+    trajectory: Trajectory | TokenTrajectory
     rewards: torch.Tensor
     advantages: torch.Tensor
     global_index: torch.Tensor

@@ -1,0 +1,470 @@
+"""The ``language`` family: transformers causal LMs and VLMs as token-level RL policies.
+
+A language policy's action is one token; a rollout samples a completion per prompt and records,
+per completion token, ``log softmax(logits / T)`` of the sampled token (T the sampling
+temperature). Those log-probs are **recomputed by a separate teacher-forced forward pass** over
+the finished sequences, never read off ``generate``'s scores, so :meth:`LanguagePolicy.log_prob`
+under unchanged weights reproduces them exactly and the first inner ratio of a PPO update is 1
+(the contract of DESIGN.md, "Language policies"; PromptRL, arXiv 2602.01382, and the official
+UniRL code recompute them the same way, ``_get_per_token_logps``).
+
+Prompts are padded on the left. Every forward gets the attention mask and position ids counted
+over real tokens only (``cumsum(mask) - 1``), so a prompt's log-probs do not depend on how much
+padding its batch needed (UniRL's GenEval trainer runs this forward without an attention mask;
+``docs/fidelity.md``).
+
+Sampling is temperature sampling with one ``torch.Generator`` per sample: at each new token the
+sample draws Gumbel noise of the vocabulary's size from its own generator and takes
+``argmax(logits / T + g)`` (the Gumbel-max trick, an exact draw from ``softmax(logits / T)``), so a
+sample's tokens are a function of its prompt and seed, whatever else is in the batch. Decoding
+runs through ``generate`` (its KV cache and each model's own position handling) with greedy
+search over a logits processor that makes the drawn token the only finite one; the model's
+generation config (repetition penalty, top-k, top-p) is not used, since the recomputed
+distribution is the plain tempered softmax.
+
+LoRA through peft (``model.add_adapter``) or full fine-tuning; the reference model
+(:meth:`LanguagePolicy.reference`) is the adapter-disabled model under LoRA and a frozen copy under
+full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.policies.base import LoRASpec
+from genalign.policies.model_folder import looks_like_local_path
+from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
+from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
+
+__all__ = ["LanguagePolicy", "completion_mask_after_eos", "gumbel_max_tokens"]
+
+logger = logging.getLogger(__name__)
+
+# LoRA targets of the attention projections of Qwen2 / Llama-style language models
+LANGUAGE_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def completion_mask_after_eos(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """``[B, L]`` long: 1 up to and including each row's first end-of-sequence token, 0 after.
+
+    A row without one is all 1 (it ran out of ``max_new_tokens``). The first EOS decides, not the
+    pad id: many tokenizers pad with an EOS token (Qwen2.5's pad is ``<|endoftext|>``).
+    """
+    eos = torch.tensor(list(eos_token_ids), device=completion_ids.device)
+    is_eos = torch.isin(completion_ids, eos).long()  # (B, L)
+    eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
+    return (eos_before == 0).long()
+
+
+def gumbel_max_tokens(
+    logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator]
+) -> torch.Tensor:
+    """One token per row of ``logits`` ``[B, V]`` drawn from ``softmax(logits / T)`` by Gumbel-max,
+    row ``b`` with its own ``generators[b]`` (V uniforms per row and call). Returns ``[B]`` long."""
+    scaled = logits.float() / temperature
+    tokens = []
+    for row, generator in zip(scaled, generators, strict=True):
+        uniform = torch.rand(row.shape[0], generator=generator, device=generator.device).to(row.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1.0 - 1e-7)))
+        tokens.append(torch.argmax(row + gumbel))
+    return torch.stack(tokens)
+
+
+class _SeededSampler:
+    """A ``generate`` logits processor: every row's next token is drawn by :func:`gumbel_max_tokens`
+    and made the only finite score, so greedy search emits exactly the drawn tokens."""
+
+    def __init__(self, generators: Sequence[torch.Generator], temperature: float) -> None:
+        self.generators = list(generators)
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        tokens = gumbel_max_tokens(scores, self.temperature, self.generators)
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen.scatter_(1, tokens[:, None].to(scores.device), 0.0)
+        return chosen
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+class LanguagePolicy(torch.nn.Module):
+    """A causal LM (``AutoModelForCausalLM``) or VLM (``AutoModelForImageTextToText`` with its
+    processor) as a policy over completions.
+
+    Args:
+        model: the loaded transformers model.
+        processor: its tokenizer, or for a VLM its processor (which holds the tokenizer).
+        lora: a :class:`~genalign.policies.LoRASpec` (or its dict) to train LoRA adapters (its
+            ``target_modules`` must name the model's linear layers, e.g. ``q_proj``), or None for
+            full fine-tuning (a frozen copy is kept as the reference).
+        train: whether the model is trained at all (False: frozen, its own reference).
+        device, dtype: where and in what precision the frozen weights live (LoRA stays fp32).
+    """
+
+    family = "language"
+
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        lora: LoRASpec | dict | None = None,
+        train: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        dtype = _dtype(dtype)
+        model.to(self.device)
+        if dtype is not None:
+            model.to(dtype=dtype)
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.tokenizer.padding_side = "left"  # generation continues the prompt's last token
+        self.is_vlm = self.tokenizer is not processor
+        self.eos_token_ids = self._eos_token_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.lora = LoRASpec(**lora) if isinstance(lora, dict) else lora
+        self._reference_model: torch.nn.Module | None = None
+        model.requires_grad_(False)
+        if self.lora is not None:
+            self._add_lora(train)
+        elif train:
+            model.requires_grad_(True)
+            self._reference_model = copy.deepcopy(model).requires_grad_(False).eval()
+
+    def _add_lora(self, train: bool) -> None:
+        spec = self.lora
+        names = {name.rsplit(".", 1)[-1] for name, _ in self.model.named_modules()}
+        if not set(spec.target_modules) & names:
+            raise ValueError(
+                f"model.lora.target_modules {list(spec.target_modules)} name no module of "
+                f"{type(self.model).__name__}; its attention projections are e.g. {list(LANGUAGE_LORA_TARGETS)}"
+            )
+        from peft import inject_adapter_in_model
+
+        # peft directly: transformers' ``add_adapter`` asks for a newer peft than diffusers does
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            inject_adapter_in_model(spec.to_peft(), self.model)
+        for name, parameter in self.model.named_parameters():
+            if "lora_" in name:
+                parameter.data = parameter.data.float()
+                parameter.requires_grad_(train)
+
+    def _eos_token_ids(self) -> list[int]:
+        """The ids that end a completion: the generation config's, else the tokenizer's EOS."""
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if configured is None:
+            configured = self.tokenizer.eos_token_id
+        if configured is None:
+            raise ValueError("neither the model's generation config nor its tokenizer names an EOS token")
+        return [int(i) for i in (configured if isinstance(configured, (list, tuple)) else [configured])]
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        lora: LoRASpec | dict | None = None,
+        train: bool = True,
+        dtype: torch.dtype | str | None = None,
+        device: str | torch.device | None = None,
+        **model_kwargs: Any,
+    ) -> LanguagePolicy:
+        """Load from a hub id (e.g. ``Qwen/Qwen2.5-0.5B-Instruct``) or a local transformers folder.
+
+        A model whose config has a ``vision_config`` loads as ``AutoModelForImageTextToText`` with
+        ``AutoProcessor``; any other as ``AutoModelForCausalLM`` with ``AutoTokenizer``.
+        """
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForImageTextToText,
+            AutoProcessor,
+            AutoTokenizer,
+        )
+
+        if Path(path).exists():
+            if not (Path(path) / "config.json").is_file():
+                raise FileNotFoundError(f"{path} is not a transformers model folder: missing config.json")
+        elif looks_like_local_path(path):
+            raise FileNotFoundError(
+                f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
+            )
+        dtype = _dtype(dtype)
+        if dtype is not None:
+            model_kwargs.setdefault("dtype", dtype)
+        config = AutoConfig.from_pretrained(str(path))
+        vlm = getattr(config, "vision_config", None) is not None
+        loader = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+        model = loader.from_pretrained(str(path), **model_kwargs)
+        processor = (AutoProcessor if vlm else AutoTokenizer).from_pretrained(str(path))
+        return cls(model, processor, lora=lora, train=train, device=device, dtype=dtype)
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write the trained weights with the tokenizer or processor: under LoRA a peft adapter
+        folder (``adapter_config.json``, ``adapter_model.safetensors``, loadable with
+        ``peft.PeftModel.from_pretrained(base_model, folder)``), otherwise the whole model in
+        transformers format."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.lora is not None:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            state = get_peft_model_state_dict(self.model)
+            state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+            save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+            config = self.lora.to_peft()
+            config.base_model_name_or_path = getattr(self.model, "name_or_path", None)
+            config.save_pretrained(str(folder))
+        else:
+            self.model.save_pretrained(folder)
+        self.processor.save_pretrained(folder)
+        return folder
+
+    # ---- the trainer's view --------------------------------------------------------------------
+    @property
+    def trained_module(self) -> torch.nn.Module:
+        """The network whose parameters are trained (the LM, adapters included)."""
+        return self.model
+
+    @property
+    def reference_module(self) -> torch.nn.Module | None:
+        """The frozen copy that serves as reference under full fine-tuning (None under LoRA)."""
+        return self._reference_model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def named_trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _enable_adapters(self, enabled: bool) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        for module in self.model.modules():
+            if isinstance(module, BaseTunerLayer):
+                module.enable_adapters(enabled)
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[LanguagePolicy]:
+        """Within this context the policy is the frozen base model (LoRA off / frozen copy)."""
+        if self.lora is not None:
+            self._enable_adapters(False)
+            try:
+                yield self
+            finally:
+                self._enable_adapters(True)
+        elif self._reference_model is not None:
+            trained = self.model
+            self.model = self._reference_model
+            try:
+                yield self
+            finally:
+                self.model = trained
+        else:
+            yield self  # nothing is trained: the policy is its own reference
+
+    # ---- prompts -------------------------------------------------------------------------------
+    def render_prompts(self, prompts: Sequence[str], settings: TokenSettings, with_image: bool) -> list[str]:
+        """The prompt texts the model sees: through the chat template (a user turn, after the
+        optional system turn, then the assistant's generation prompt) when ``settings.chat_template``
+        and the tokenizer has one, else the prompts as given."""
+        template_owner = self.processor if self.is_vlm else self.tokenizer
+        if not (settings.chat_template and getattr(template_owner, "chat_template", None)):
+            return list(prompts)
+        texts = []
+        for prompt in prompts:
+            content: Any = prompt
+            if with_image:
+                content = [{"type": "image"}, {"type": "text", "text": prompt}]
+            messages = [{"role": "user", "content": content}]
+            if settings.system_prompt:
+                messages.insert(0, {"role": "system", "content": settings.system_prompt})
+            texts.append(
+                template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            )
+        return texts
+
+    def encode_prompts(
+        self, prompts: Sequence[str], settings: TokenSettings, images: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Tokenize left-padded: ``input_ids`` / ``attention_mask`` ``[B, P]`` and, for a VLM given
+        ``images`` ``[B, 3, H, W]`` in [0, 1], its processor's ``pixel_values``."""
+        with_image = images is not None and images.numel() > 0
+        if with_image and not self.is_vlm:
+            raise ValueError("images were given, but the policy is a text-only language model")
+        texts = self.render_prompts(prompts, settings, with_image)
+        if with_image:
+            encoded = self.processor(
+                text=texts,
+                images=list(images.float().cpu()),
+                padding=True,
+                return_tensors="pt",
+                do_rescale=False,
+            )
+        else:
+            encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        return {name: value.to(self.device) for name, value in encoded.items()}
+
+    # ---- log-probs -----------------------------------------------------------------------------
+    def _completion_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int, model_inputs: dict
+    ) -> torch.Tensor:
+        """Logits ``[B, L, V]`` (fp32) predicting the last ``length`` tokens of ``input_ids``, with
+        position ids counted over real tokens so left padding changes nothing."""
+        position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+        kwargs = {"logits_to_keep": length + 1} if self._keeps_logits else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **model_inputs,
+            **kwargs,
+        )
+        return out.logits[:, -(length + 1) : -1].float()  # (B, L, V)
+
+    def token_log_probs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_mask: torch.Tensor,
+        temperature: float,
+        model_inputs: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``[B, L]`` fp32 ``log softmax(logits / T)`` of each completion token (the last
+        ``L = completion_mask.shape[1]`` columns of ``input_ids``), 0 where ``completion_mask`` is 0;
+        differentiable in the trainable parameters."""
+        length = completion_mask.shape[1]
+        logits = self._completion_logits(input_ids, attention_mask, length, dict(model_inputs or {}))
+        targets = input_ids[:, -length:]
+        log_probs = torch.log_softmax(logits / temperature, dim=-1)
+        taken = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (B, L)
+        return taken * completion_mask.to(taken.dtype)
+
+    def log_prob(self, trajectory: TokenTrajectory, step_indices: Any = None) -> torch.Tensor:
+        """Per-token log-probs ``[B, L]`` of ``trajectory``'s completions under the current weights,
+        at the temperature it was sampled with (``step_indices``: ignored, a completion is one step)."""
+        return self.token_log_probs(
+            trajectory.input_ids.to(self.device),
+            trajectory.attention_mask.to(self.device),
+            trajectory.completion_mask.to(self.device),
+            trajectory.settings.temperature,
+            {k: v.to(self.device) for k, v in trajectory.model_inputs.items()},
+        )
+
+    # ---- rollout -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompts: Sequence[str],
+        group_size: int = 1,
+        generator: torch.Generator | int | None = None,
+        seeds: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        max_new_tokens: int = 64,
+        chat_template: bool = True,
+        system_prompt: str | None = None,
+        images: torch.Tensor | None = None,
+    ) -> TokenTrajectory:
+        """Sample ``group_size`` completions for each prompt with per-sample seeds.
+
+        Args:
+            prompts: the distinct prompts; the batch is each repeated ``group_size`` times (B = P * G).
+            generator / seeds: an int seed or ``torch.Generator`` from which one seed per sample is
+                drawn, or the per-sample seeds ``[B]`` themselves; a sample drawn with the same seed,
+                prompt and weights is the same completion in any batch (up to float rounding of
+                the batched forward).
+            temperature: ``T`` of ``softmax(logits / T)``; sampling and recorded log-probs both use it.
+            max_new_tokens: the completion budget; a completion ends at its first EOS token.
+            chat_template / system_prompt: render each prompt as a chat turn (module docstring).
+            images: for a VLM, one image per prompt ``[P, 3, H, W]`` in [0, 1] (shared by its group).
+
+        Returns:
+            A :class:`TokenTrajectory`; its ``log_probs`` are recomputed by a forward pass at
+            ``temperature`` over the finished sequences.
+        """
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        validate_rollout_arguments(prompts, max_new_tokens, group_size)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        settings = TokenSettings(float(temperature), int(max_new_tokens), bool(chat_template), system_prompt)
+        expanded = [p for p in prompts for _ in range(group_size)]
+        batch = len(expanded)
+        seeds, generators = per_sample_generators(batch, generator, self.device, seeds)
+        if images is not None and images.shape[0] != len(prompts):
+            raise ValueError(f"images holds {images.shape[0]} images for {len(prompts)} prompts")
+        images = images.repeat_interleave(group_size, dim=0) if images is not None else None
+        # 1. Encode the prompts, left-padded
+        encoded = self.encode_prompts(expanded, settings, images)
+        prompt_ids, prompt_mask = encoded.pop("input_ids"), encoded.pop("attention_mask")
+        # 2. Sample completions, each row from its own generator
+        completion_ids = self._sample(prompt_ids, prompt_mask, encoded, generators, settings)
+        # 3. Mask everything after each completion's first EOS
+        completion_mask = completion_mask_after_eos(completion_ids, self.eos_token_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask.long(), completion_mask], dim=1)
+        # 4. Log-probs recomputed by a teacher-forced forward at the sampling temperature
+        log_probs = self.token_log_probs(
+            input_ids, attention_mask, completion_mask, settings.temperature, encoded
+        )
+        # 5. Decode
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return TokenTrajectory(
+            prompts=expanded,
+            group_ids=torch.arange(len(prompts)).repeat_interleave(group_size),
+            seeds=seeds,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            completion_mask=completion_mask,
+            log_probs=log_probs.float(),
+            completions=completions,
+            model_inputs=encoded,
+            images=images.float().cpu() if images is not None else None,
+            settings=settings,
+        )
+
+    def _sample(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        model_inputs: dict[str, torch.Tensor],
+        generators: list[torch.Generator],
+        settings: TokenSettings,
+    ) -> torch.Tensor:
+        """``[B, L]`` completion tokens drawn through ``generate`` with :class:`_SeededSampler`."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        config = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            bos_token_id=None,
+        )
+        sequences = self.model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=config,
+            logits_processor=LogitsProcessorList([_SeededSampler(generators, settings.temperature)]),
+            **model_inputs,
+        )
+        return sequences[:, prompt_ids.shape[1] :]

@@ -1,0 +1,68 @@
+"""A finished run's trained weights, written in the format their family's libraries load.
+
+* diffusion families under LoRA: a diffusers LoRA file (``pytorch_lora_weights.safetensors``)
+  that the pipeline's ``load_lora_weights`` reads;
+* diffusion families fully fine-tuned: the denoiser's ``save_pretrained`` folder (``unet/`` or
+  ``transformer/``), gathered from the shards under FSDP;
+* the ``language`` family: a peft adapter folder under LoRA or the whole model in transformers
+  format, with the tokenizer or processor (:meth:`~genalign.policies.LanguagePolicy.save_pretrained`);
+* a joint run (:class:`~genalign.policies.JointPolicy`): each trained policy's, as above, in a
+  folder named after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from genalign.policies import JointPolicy, LanguagePolicy
+
+if TYPE_CHECKING:
+    from genalign.trainers.trainer import Trainer
+
+__all__ = ["export_trained_weights"]
+
+
+def export_trained_weights(trainer: Trainer, out: Path) -> Path:
+    """Write ``trainer``'s trained weights to ``out`` (a collective under FSDP; the main process
+    writes); a joint run writes each policy's into ``out/<name>``."""
+    policy = trainer.policy
+    if isinstance(policy, JointPolicy):
+        for name in policy.names():
+            if policy[name].trainable_parameters():
+                _export_policy(trainer, policy[name], out / name)
+        return out
+    return _export_policy(trainer, policy, out)
+
+
+def _export_policy(trainer: Trainer, policy: Any, out: Path) -> Path:
+    from genalign.trainers.distributed import full_state
+
+    if isinstance(policy, LanguagePolicy):
+        if trainer.is_main_process:
+            policy.save_pretrained(out)
+        trainer.accelerator.wait_for_everyone()
+        return out
+    pipeline = policy.pipeline
+    denoiser = policy.denoiser
+    component = "unet" if hasattr(pipeline, "unet") else "transformer"
+    if policy.lora is not None:
+        from peft.utils import get_peft_model_state_dict
+
+        state = full_state(get_peft_model_state_dict(denoiser))
+        if trainer.is_main_process:
+            out.mkdir(parents=True, exist_ok=True)
+            type(pipeline).save_lora_weights(
+                out, **{f"{component}_lora_layers": state}, safe_serialization=True
+            )
+    elif trainer.sharded:
+        state = full_state(dict(denoiser.state_dict()))
+        if trainer.is_main_process:
+            # an unsharded twin of the denoiser holds the gathered weights for save_pretrained
+            twin = type(denoiser).from_config(denoiser.config)
+            twin.load_state_dict(state)
+            twin.save_pretrained(out / component)
+    elif trainer.is_main_process:
+        denoiser.save_pretrained(out / component)
+    trainer.accelerator.wait_for_everyone()
+    return out
