@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guidance", type=float, default=2.0)
     parser.add_argument("--eta", type=float, default=1.0)
     parser.add_argument("--out", default=None, help="also write the per-sample rows here (JSON)")
+    parser.add_argument("--model", default=str(ROOT / "assets/models/toy-sd"), help="the sd-family generator")
     args = parser.parse_args(argv)
 
     specs = {p.caption: p for p in prompts_for("rl_train")}
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         random.Random(args.seed).shuffle(chosen)
         prompts += chosen[: args.per_category]
 
-    policy = load_policy("sd", str(ROOT / "assets/models/toy-sd"))
+    policy = load_policy("sd", args.model)
     rewards = {name: load_reward(kind, **kwargs) for name, (kind, kwargs) in REWARDS.items()}
     rows = []
     for index, prompt in enumerate(prompts):

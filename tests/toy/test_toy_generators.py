@@ -76,6 +76,24 @@ def test_dataset_uses_train_prompts_only():
         toy_dataset(2, unconditional_fraction=1.5)
 
 
+def test_caption_noise_shows_another_prompts_scene_of_the_same_category():
+    from genalign.toy.prompts import prompts_for
+    from genalign.toy.shapes_eval import evaluate
+
+    by_caption = {p.caption: p for p in prompts_for("train")}
+
+    def accuracy(noise: float) -> float:
+        images, captions = toy_dataset(48, seed=5, unconditional_fraction=0.0, caption_noise=noise)
+        assert set(captions) <= set(by_caption)  # captions stay train prompts
+        return evaluate(images.float() / 255, [by_caption[c] for c in captions])["image_accuracy"]
+
+    clean, loose = accuracy(0.0), accuracy(1.0)
+    assert clean >= 0.9  # the verifier reads clean renders as their captions say
+    assert loose <= 0.5 * clean  # loose captions describe another scene (a repeat of the prompt is rare)
+    with pytest.raises(ValueError, match="caption_noise"):
+        toy_dataset(2, caption_noise=-0.1)
+
+
 # -- math helpers against independent computations ----------------------------------------------------
 
 

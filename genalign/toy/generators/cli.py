@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 TRAIN_EVAL = "train prompts (16 per category, 2 images each)"
 # options that belong to one command only
 COMMAND_OPTIONS = (("--kl-weight", "kl_weight", "vae"), ("--v-weight-cap", "v_weight_cap", "toy-sd"))
-COMMAND_OPTIONS += (("--clip-text", "clip_text", "toy-sd"),)
+COMMAND_OPTIONS += (("--clip-text", "clip_text", "toy-sd"), ("--caption-noise", "caption_noise", "toy-sd"))
+COMMAND_OPTIONS += (("--name", "name", "toy-sd"),)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="toy-sd: draw timesteps with probability min(1/alpha_bar_t, CAP), i.e. the v-prediction loss "
         "(default: uniform timesteps, DDPM's L_simple)",
+    )
+    parser.add_argument("--name", help="toy-sd: the model's name on its card (default toy-sd)")
+    parser.add_argument(
+        "--caption-noise",
+        type=float,
+        help="toy-sd: the fraction of captioned renders that show a scene of another train prompt of the same "
+        "category (loose, web-like captions; default 0)",
     )
     parser.add_argument(
         "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
@@ -165,6 +173,8 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
         extra["v_weight_cap"] = args.v_weight_cap
     if args.clip_text is not None:
         extra["clip_text"] = args.clip_text
+    if args.caption_noise is not None:
+        extra["caption_noise"] = args.caption_noise
     _, info = train_sd(vae, Path(args.out), init=args.init, snapshot_every=args.snapshot_every, **extra)
     commands = stage_commands(
         previous_commands(Path(args.init)) if args.init else [], vae_info["command"], _command_line()
@@ -179,7 +189,13 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
     data = (
         f"this stage {info['steps'] * args.batch_size:,} samples from {extra.get('num_images', 30000):,} "
         "renders (48 px, skia): train prompts only (category uniform) plus 15% random layouts captioned ''; "
-        f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
+        + (
+            f"{args.caption_noise:.0%} of the captioned renders show a scene of another train prompt of the same "
+            "category (loose captions, `--caption-noise`); "
+            if args.caption_noise
+            else ""
+        )
+        + f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
     )
     train = (
         f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); "
@@ -201,13 +217,22 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
         "to its timestep embedding (`addition_embed_type: text`); a stage continued from weights without it "
         "adds it as an exact extension (`add_text_pooling`)."
     )
+    name = args.name or "toy-sd"
+    loose = (
+        f"Its last stage trained on loose captions ({args.caption_noise:.0%} of the captioned renders show a scene "
+        "of another prompt of the same category), as a model trained on web alt-text is: it draws the caption's "
+        "scene only part of the time, the failure that RL with a GenEval-style reward corrects. "
+        if args.caption_noise
+        else ""
+    )
     return {
-        "name": "toy-sd",
+        "name": name,
         "family": "sd",
         "description": "A small Stable Diffusion 1.x-architecture text-to-image model of the toy world (48 px), "
         + text_encoder
+        + loose
         + "It follows prompts imperfectly, by design: room for RL.",
-        "load": 'StableDiffusionPipeline.from_pretrained("assets/models/toy-sd")',
+        "load": f'StableDiffusionPipeline.from_pretrained("assets/models/{name}")',
         "commands": commands,
         "data": data,
         "train": train,

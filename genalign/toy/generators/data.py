@@ -19,6 +19,7 @@ def toy_dataset(
     size: int = IMAGE_SIZE,
     unconditional_fraction: float = 0.15,
     backend: str = "skia",
+    caption_noise: float = 0.0,
 ) -> tuple[torch.Tensor, list[str]]:
     """Renders and captions for training: ``(uint8 [N, 3, size, size], captions)``.
 
@@ -26,9 +27,16 @@ def toy_dataset(
     objects captioned ``""`` (it teaches the unconditional branch and the VAE more layouts without
     revealing any held-out combination); otherwise a category is drawn uniformly and a **train**
     prompt of it with a scene that satisfies it (:func:`sample_scene_for_prompt`).
+
+    With probability ``caption_noise`` a captioned image shows a scene drawn for *another* train
+    prompt of the same category while keeping the first prompt's caption: loose captions, as in
+    web alt-text, where a caption describes a scene of the right kind but not this one. A generator
+    trained on them draws the caption's scene only part of the time, the failure mode that RL on
+    GenEval-style rewards corrects in real text-to-image models.
     """
-    if not 0 <= unconditional_fraction <= 1:
-        raise ValueError(f"unconditional_fraction must be in [0, 1], got {unconditional_fraction}")
+    for name, value in (("unconditional_fraction", unconditional_fraction), ("caption_noise", caption_noise)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
     rng = np.random.default_rng(seed)
     scenes, captions = [], []
     for _ in range(num_images):
@@ -38,6 +46,8 @@ def toy_dataset(
         else:
             category = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
             scene, caption, _ = sample_scene_for_prompt(category, rng, split="train")
+            if caption_noise and rng.random() < caption_noise:
+                scene = sample_scene_for_prompt(category, rng, split="train")[0]
             scenes.append(scene)
             captions.append(caption)
     chunks = [

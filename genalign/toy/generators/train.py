@@ -179,6 +179,7 @@ def train_sd(
     snapshot_every: int | None = None,
     v_weight_cap: float | None = None,
     clip_text: str | Path | None = None,
+    caption_noise: float = 0.0,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the text encoder and UNet jointly from scratch on VAE latents of renders
     (or, with ``init``, continue from a saved toy-sd folder's text encoder and UNet; with
@@ -198,7 +199,8 @@ def train_sd(
     the UNet trains (also when continuing from ``init``, whose text encoder it replaces).
     ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
     the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
-    evaluated while it trains. Returns ``(pipeline, info)``.
+    evaluated while it trains. ``caption_noise`` is the fraction of loose captions in the data
+    (:func:`toy_dataset`). Returns ``(pipeline, info)``.
     """
     from diffusers import DDIMScheduler, DDPMScheduler, StableDiffusionPipeline
 
@@ -212,7 +214,7 @@ def train_sd(
 
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
-    images, captions = toy_dataset(num_images, seed=seed + 1000)
+    images, captions = toy_dataset(num_images, seed=seed + 1000, caption_noise=caption_noise)
     data = captioned_latents(encode_latents(vae, images) * vae.config.scaling_factor, tokenizer, captions)
     text_encoder, unet = _sd_modules(
         tokenizer,
