@@ -1,7 +1,8 @@
 """Rollout strategies, one per file: which trajectories exist in a step and their advantages.
 
 ``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
-(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`); a strategy
+(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``svg`` (:mod:`.svg`, RLRF's SVG tasks for the ``language``
+family), ``sft`` (:mod:`.sft`, its supervised fine-tuning); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
@@ -18,7 +19,9 @@ from genalign.trainers.strategies.base import (
     step_generator,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
+from genalign.trainers.strategies.sft import SFTStrategy
 from genalign.trainers.strategies.sol_rl import SolRLStrategy
+from genalign.trainers.strategies.svg import SVGTaskStrategy
 
 __all__ = [
     "STRATEGIES",
@@ -27,6 +30,8 @@ __all__ = [
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",
+    "SFTStrategy",
+    "SVGTaskStrategy",
     "SolRLStrategy",
     "draw_prompt_groups",
     "draw_step_groups",
