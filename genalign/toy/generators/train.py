@@ -199,8 +199,7 @@ def train_sd(
     the UNet trains (also when continuing from ``init``, whose text encoder it replaces).
     ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
     the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
-    evaluated while it trains. ``caption_noise`` is the fraction of loose captions in the data
-    (:func:`toy_dataset`). Returns ``(pipeline, info)``.
+    evaluated while it trains; ``caption_noise``: :func:`toy_dataset`. Returns ``(pipeline, info)``.
     """
     from diffusers import DDIMScheduler, DDPMScheduler, StableDiffusionPipeline
 
