@@ -1,7 +1,7 @@
 """Rollout strategies, one per file: which trajectories exist in a step and their advantages.
 
 ``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
-(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`); a strategy
+(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``prompt_rewrite`` (:mod:`.prompt_rewrite`, PromptRL); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
@@ -18,12 +18,14 @@ from genalign.trainers.strategies.base import (
     step_generator,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
+from genalign.trainers.strategies.prompt_rewrite import PromptRewriteStrategy
 from genalign.trainers.strategies.sol_rl import SolRLStrategy
 
 __all__ = [
     "STRATEGIES",
     "B2DiffuRLStrategy",
     "GroupRolloutStrategy",
+    "PromptRewriteStrategy",
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",
