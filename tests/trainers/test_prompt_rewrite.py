@@ -218,3 +218,11 @@ def test_the_toy_recipe_runs_to_the_end(tmp_path):
     history = build_trainer(config, base_dir=RECIPE.parent).train()
     assert len(history) == config.train.num_steps
     assert all(math.isfinite(m["grad_norm"]) for m in history)
+
+
+@pytest.mark.parametrize("folder", ["flux", "sd35"])
+def test_the_real_model_recipes_load(folder):
+    config = load_recipe(ROOT / "configs" / folder / "promptrl_geneval.yaml")
+    assert config.train.group_size == 8 and config.sampling.num_inference_steps == 20
+    assert config.sampling.num_sde_steps == 6 and config.train.policy_learning_rates == {"rewriter": 1e-6}
+    assert config.train.learning_rate == 2e-7 and config.sampling.language.max_new_tokens == 512
