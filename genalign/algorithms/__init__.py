@@ -3,8 +3,9 @@
 One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's loss kernel),
 :mod:`.b2diffurl` (B2-DiffuRL's schedule, selection and advantages), :mod:`.sol_rl` (Sol-RL's
 candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.token_ppo` (the
-token-level clipped objective of language policies), :mod:`.prompt_rewrite` (PromptRL's answer
-extraction, format reward and prompt retention).
+token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
+supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
+and prompt retention).
 
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
@@ -43,6 +44,7 @@ from genalign.algorithms.selection import (
     select_timesteps,
     select_timesteps_per_sample,
 )
+from genalign.algorithms.sft import SFT_AGGREGATIONS, next_token_loss
 from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
 from genalign.algorithms.token_ppo import TOKEN_AGGREGATIONS, aggregate_tokens, token_ppo_loss
 
@@ -53,6 +55,8 @@ __all__ = [
     "refine_prompts",
     "retained_format_rewards",
     "retained_rows",
+    "SFT_AGGREGATIONS",
+    "next_token_loss",
     "PerPromptStatTracker",
     "PromptRewardHistory",
     "branch_advantages",

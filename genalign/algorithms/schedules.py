@@ -4,16 +4,22 @@
 ``torch.optim.lr_scheduler.LambdaLR``: a linear warm-up ``min(1, (n + 1) / warmup_steps)`` times
 the schedule's decay, ``1`` (``"constant"``, DDPO's and Flow-GRPO's) or
 ``max(0, 1 - n / decay_steps)`` (``"linear"``: RLCM's ``LinearLR(start_factor=1, end_factor=0)``,
-Oertell et al. 2024, code release).
+Oertell et al. 2024, code release) or ``step_factor ** (n // step_every)`` (``"step"``: RLRF's
+learning rate "decayed by 70% every 100 steps", Rodriguez et al. 2025, as quoted publicly).
 """
 
 from __future__ import annotations
 
-LR_SCHEDULES = ("constant", "linear")
+LR_SCHEDULES = ("constant", "linear", "step")
 
 
 def learning_rate_factor(
-    optimizer_steps: int, warmup_steps: int = 0, schedule: str = "constant", decay_steps: int | None = None
+    optimizer_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    decay_steps: int | None = None,
+    step_every: int = 100,
+    step_factor: float = 0.3,
 ) -> float:
     """The learning-rate factor after ``optimizer_steps`` steps (module docstring).
 
@@ -22,6 +28,8 @@ def learning_rate_factor(
         warmup_steps: linear warm-up length (0: none).
         schedule: ``"constant"`` or ``"linear"`` (decays to 0 at ``decay_steps``).
         decay_steps: steps at which a linear schedule reaches 0; required for ``"linear"``.
+        step_every, step_factor: a ``"step"`` schedule multiplies by ``step_factor`` after every
+            ``step_every`` optimiser steps.
     """
     warmup = min(1.0, (optimizer_steps + 1) / warmup_steps) if warmup_steps > 0 else 1.0
     if schedule == "constant":
@@ -30,4 +38,8 @@ def learning_rate_factor(
         if decay_steps is None or decay_steps <= 0:
             raise ValueError(f"a linear schedule needs positive decay_steps, got {decay_steps}")
         return warmup * max(0.0, 1.0 - optimizer_steps / decay_steps)
+    if schedule == "step":
+        if step_every <= 0:
+            raise ValueError(f"a step schedule needs positive step_every, got {step_every}")
+        return warmup * step_factor ** (optimizer_steps // step_every)
     raise ValueError(f"schedule must be one of {LR_SCHEDULES}, got {schedule!r}")

@@ -26,6 +26,7 @@ from genalign.policies.joint import JointPolicy, JointTrajectory
 from genalign.policies.language import LanguagePolicy
 from genalign.policies.model_folder import check_model_folder
 from genalign.policies.sd import SDPolicy
+from genalign.policies.supervised import teacher_forced_trajectory
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 from genalign.policies.trajectory import RolloutSettings, Trajectory
 from genalign.registry import Registry
@@ -72,6 +73,7 @@ __all__ = [
     "SanaPolicy",
     "TokenSettings",
     "TokenTrajectory",
+    "teacher_forced_trajectory",
     "Trajectory",
     "check_group_size",
     "check_model_folder",

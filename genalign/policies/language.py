@@ -44,7 +44,7 @@ from genalign.policies.model_folder import looks_like_local_path
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 
-__all__ = ["LanguagePolicy", "completion_mask_after_eos", "gumbel_max_tokens"]
+__all__ = ["LanguagePolicy", "completion_mask_after_eos", "gumbel_max_tokens", "suppress_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +82,32 @@ class _SeededSampler:
     """A ``generate`` logits processor: every row's next token is drawn by :func:`gumbel_max_tokens`
     and made the only finite score, so greedy search emits exactly the drawn tokens."""
 
-    def __init__(self, generators: Sequence[torch.Generator], temperature: float) -> None:
+    def __init__(
+        self, generators: Sequence[torch.Generator], temperature: float, suppressed: Sequence[int] = ()
+    ) -> None:
         self.generators = list(generators)
         self.temperature = temperature
+        self.suppressed = list(suppressed)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = suppress_tokens(scores, self.suppressed)
         tokens = gumbel_max_tokens(scores, self.temperature, self.generators)
         chosen = torch.full_like(scores, float("-inf"))
         chosen.scatter_(1, tokens[:, None].to(scores.device), 0.0)
         return chosen
+
+
+def suppress_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """``logits`` with the last dimension's ``token_ids`` at -inf (out of place; unchanged if none).
+
+    A VLM's image placeholder (``<image>``) must never be sampled: a completion holding one would
+    make the re-scoring forward expect image features that do not exist. Sampling and every
+    recomputed log-prob suppress the same ids, so the recorded distribution is the one re-scored.
+    """
+    if not token_ids:
+        return logits
+    index = torch.tensor(list(token_ids), device=logits.device)
+    return logits.index_fill(-1, index, float("-inf"))
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -137,6 +154,10 @@ class LanguagePolicy(torch.nn.Module):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # a VLM's image / video placeholders: never sampled, never scored (suppress_tokens)
+        names = ("image_token_id", "image_token_index", "video_token_id")
+        placeholders = {getattr(model.config, name, None) for name in names} - {None}
+        self.suppressed_token_ids = sorted(int(i) for i in placeholders if 0 <= int(i) < len(self.tokenizer))
         self.lora = LoRASpec(**lora) if isinstance(lora, dict) else lora
         self._reference_model: torch.nn.Module | None = None
         model.requires_grad_(False)
@@ -354,7 +375,9 @@ class LanguagePolicy(torch.nn.Module):
         length = completion_mask.shape[1]
         logits = self._completion_logits(input_ids, attention_mask, length, dict(model_inputs or {}))
         targets = input_ids[:, -length:]
-        log_probs = torch.log_softmax(logits / temperature, dim=-1)
+        log_probs = torch.log_softmax(
+            suppress_tokens(logits, self.suppressed_token_ids) / temperature, dim=-1
+        )
         taken = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (B, L)
         return taken * completion_mask.to(taken.dtype)
 
@@ -464,7 +487,9 @@ class LanguagePolicy(torch.nn.Module):
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=config,
-            logits_processor=LogitsProcessorList([_SeededSampler(generators, settings.temperature)]),
+            logits_processor=LogitsProcessorList(
+                [_SeededSampler(generators, settings.temperature, self.suppressed_token_ids)]
+            ),
             **model_inputs,
         )
         return sequences[:, prompt_ids.shape[1] :]

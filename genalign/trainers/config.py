@@ -23,6 +23,9 @@ from genalign.trainers.train_config import TrainConfig
 # training process (consistency is left out: its UNet is eps-parameterised, but it was distilled
 # for the LCM sampler, not trained on the DDPM process)
 NFT_FAMILIES = ("flow", "sd")
+# what trains the language family: sampled completions (token_ppo) or given targets (sft)
+LANGUAGE_LOSSES = ("token_ppo", "sft")
+LANGUAGE_STRATEGIES = ("groups", "svg", "sft")
 
 
 @dataclass
@@ -185,21 +188,45 @@ class RewardConfig:
 @dataclass
 class PromptsConfig:
     """``prompts``: the prompt pool, an inline list (``prompts``) or a text file (``file``, one
-    prompt per line, ``#`` comments; relative to the recipe's folder when not found as given)."""
+    prompt per line, ``#`` comments; relative to the recipe's folder when not found as given).
+
+    Prompts with per-sample metadata (a :class:`~genalign.trainers.prompt_pool.PromptPool`: target
+    images, reference SVGs, supervised targets) come from ``records``, a JSON-lines file of
+    ``{"prompt", "image", "svg", "completion", ...}`` records, or from ``source``, a
+    ``"package.module:function"`` called with ``source_kwargs`` that returns a pool (e.g.
+    ``genalign.toy.svg_tasks:toy_svg_pool``).
+    """
 
     prompts: list[str] = field(default_factory=list)
     file: str | None = None
+    records: str | None = None
+    source: str | None = None
+    source_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.prompts and not self.file:
-            raise ConfigError("prompts: give prompts.prompts (a list) or prompts.file (one prompt per line)")
+        given = [k for k in ("prompts", "file", "records", "source") if getattr(self, k)]
+        if not given:
+            raise ConfigError(
+                "prompts: give prompts.prompts (a list), prompts.file (one prompt per line), "
+                "prompts.records (JSON lines) or prompts.source (module:function)"
+            )
+        if len(given) > 1:
+            raise ConfigError(f"prompts: give one of prompts.{', prompts.'.join(given)}")
+        if self.source is not None and ":" not in self.source:
+            raise ConfigError(f"prompts.source must be 'package.module:function', got {self.source!r}")
+
+    def _resolve(self, name: str, base_dir: Path | None) -> Path:
+        path = Path(name)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        return path
 
     def load(self, base_dir: Path | None = None) -> list[str]:
         if self.prompts:
             return list(self.prompts)
-        path = Path(self.file)
-        if not path.is_absolute() and base_dir is not None and not path.exists():
-            path = base_dir / path
+        if self.records or self.source:
+            return self._load_pool(base_dir)
+        path = self._resolve(self.file, base_dir)
         if not path.is_file():
             raise FileNotFoundError(f"prompts.file not found: {path}")
         lines = [line.strip() for line in path.read_text().splitlines()]
@@ -207,6 +234,21 @@ class PromptsConfig:
         if not prompts:
             raise ConfigError(f"prompts.file {path} holds no prompts")
         return prompts
+
+    def _load_pool(self, base_dir: Path | None) -> list[str]:
+        """A :class:`~genalign.trainers.prompt_pool.PromptPool` from ``records`` or ``source``."""
+        from genalign.registry import import_object
+        from genalign.trainers.prompt_pool import PromptPool, read_prompt_records
+
+        if self.records:
+            path = self._resolve(self.records, base_dir)
+            if not path.is_file():
+                raise FileNotFoundError(f"prompts.records not found: {path}")
+            return read_prompt_records(path)
+        pool = import_object(self.source)(**self.source_kwargs)
+        if not isinstance(pool, PromptPool) or not pool:
+            raise ConfigError(f"prompts.source {self.source!r} returned no PromptPool of prompts")
+        return pool
 
 
 @dataclass
@@ -280,6 +322,7 @@ class RecipeConfig:
             "rlcm": ("consistency",),
             "diffusion_nft": NFT_FAMILIES,
             "sol_rl": ("flow",),
+            "sft": ("language",),
         }
         families = methods.get(self.train.method)
         if families is not None and self.model.family not in families:
@@ -288,7 +331,7 @@ class RecipeConfig:
                 f"train.method {self.train.method!r} is for the {names} family, but model.family is {self.model.family!r}"
             )
         # methods defined by their loss: another loss would silently train something else
-        losses = {"diffusion_nft": "nft", "rwr": "rwr", "refl": "refl"}
+        losses = {"diffusion_nft": "nft", "rwr": "rwr", "refl": "refl", "sft": "sft"}
         loss = losses.get(self.train.method)
         if loss is not None and self.train.loss != loss:
             raise ConfigError(
@@ -321,19 +364,32 @@ class RecipeConfig:
         """The ``language`` family trains with ``token_ppo`` on plain groups, and only it does."""
         language = self.model.family == "language"
         loss, strategy = self.train.loss, self.train.strategy
-        if language and loss != "token_ppo" and ":" not in loss:
+        if language and loss not in LANGUAGE_LOSSES and ":" not in loss:
             raise ConfigError(
-                f"model.family 'language' trains with train.loss 'token_ppo', but train.loss is {loss!r}"
+                f"model.family 'language' trains with train.loss 'token_ppo' (or 'sft'), but train.loss is {loss!r}"
             )
-        if loss == "token_ppo" and not language:
+        if loss in LANGUAGE_LOSSES and not language:
             raise ConfigError(
-                f"train.loss 'token_ppo' trains token sequences of the 'language' family, but model.family is {self.model.family!r}"
+                f"train.loss {loss!r} trains token sequences of the 'language' family, but model.family is {self.model.family!r}"
             )
         if not language:
+            if strategy in ("svg", "sft"):
+                raise ConfigError(
+                    f"train.strategy {strategy!r} is for the 'language' family, but model.family is {self.model.family!r}"
+                )
             return
-        if strategy != "groups" and ":" not in strategy:
+        if strategy not in LANGUAGE_STRATEGIES and ":" not in strategy:
             raise ConfigError(
-                f"train.strategy {strategy!r} rolls out denoising chains; the 'language' family rolls out with 'groups'"
+                f"train.strategy {strategy!r} rolls out denoising chains; the 'language' family rolls out "
+                "with 'groups' or 'svg' (or trains supervised with 'sft')"
+            )
+        # supervised fine-tuning is its own strategy and loss: either alone would train on nonsense
+        if (self.train.method == "sft" or loss == "sft" or strategy == "sft") and not (
+            loss == "sft" and strategy == "sft"
+        ):
+            raise ConfigError(
+                f"supervised fine-tuning (train.method 'sft') takes train.loss 'sft' and train.strategy 'sft', "
+                f"but train.loss is {loss!r} and train.strategy is {strategy!r}"
             )
         if self.train.fsdp:
             raise ConfigError(
@@ -386,8 +442,16 @@ class RecipeConfig:
         data = to_dict(self)
         data.pop("logging")
         data["train"].pop("num_steps")
+        for key in ("records", "source", "source_kwargs"):  # unset: fingerprints of older runs hold
+            if not data["prompts"].get(key):
+                data["prompts"].pop(key, None)
+        for key in ("svg", "sft"):  # method options of the language family, likewise
+            if self.train.strategy != key:
+                data["train"].pop(key, None)
         if self.prompts.file and prompts is not None:
             data["prompts"]["contents"] = hashlib.sha256("\n".join(prompts).encode()).hexdigest()
+        if hasattr(prompts, "digest"):  # a PromptPool: its metadata (images, SVGs) too
+            data["prompts"]["contents"] = prompts.digest()
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -1,6 +1,6 @@
 """Options of the methods that bring their own settings: the ``b2diffurl``, ``sol_rl`` and
-``prompt_rewrite`` strategies and the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses (``train.<method>`` in a
-recipe).
+``prompt_rewrite`` strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, and the
+``language`` family's ``svg`` tasks and ``sft`` (``train.<method>`` in a recipe).
 
 Each schema documents its fields and checks them in ``__post_init__``; checks that need other
 sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConfig` and
@@ -20,6 +20,8 @@ __all__ = [
     "PromptRewriteConfig",
     "ReFLConfig",
     "RWRConfig",
+    "SFTConfig",
+    "SVGTaskConfig",
     "SolRLConfig",
     "TokenPPOConfig",
 ]
@@ -274,3 +276,37 @@ class PromptRewriteConfig:
             raise ConfigError(
                 f"train.prompt_rewrite.rewriter_kl_coef must be >= 0, got {self.rewriter_kl_coef}"
             )
+
+
+@dataclass
+class SVGTaskConfig:
+    """Options of the ``svg`` rollout strategy: RLRF's SVG-writing tasks on the ``language`` family
+    (Rodriguez et al. 2025, arXiv 2505.20793; ``genalign.trainers.strategies.svg``).
+
+    ``task``: ``"image_to_svg"`` shows each prompt's image (prompt metadata ``images``) to a VLM
+    with the prompt as the instruction; ``"text_to_svg"`` gives a language model the prompt (a
+    caption) alone. Either way the reward gets the SVG extracted from each completion
+    (:func:`genalign.rewards.svg.extract_svg`; ``repair``: close a root cut off by
+    ``max_new_tokens``) and, per sample, ``targets`` (the prompt's image, when the pool has
+    ``images``) and ``reference_svgs`` (when it has them).
+    """
+
+    task: Literal["image_to_svg", "text_to_svg"] = "image_to_svg"
+    repair: bool = True
+
+
+@dataclass
+class SFTConfig:
+    """Options of supervised fine-tuning of a ``language`` policy (``train.method: sft``: the
+    ``sft`` strategy and loss; RLRF's stage 1, "SVG-SFT", Rodriguez et al. 2025, Sec. 3.1).
+
+    ``target``: the prompt-metadata column holding each prompt's target text (``completions``,
+    or ``reference_svgs`` to imitate the ground-truth SVGs); ``image_inputs``: show each prompt's
+    image (metadata ``images``) to a VLM; ``aggregation``: ``"token_mean"`` (the minibatch's
+    target tokens weigh the same, as transformers' causal-LM loss) or ``"sequence_mean"`` (each
+    target's token mean, then the mean over targets). An end-of-turn token closes every target.
+    """
+
+    target: str = "completions"
+    image_inputs: bool = False
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"

@@ -18,14 +18,26 @@ from genalign.trainers.method_config import (
     PromptRewriteConfig,
     ReFLConfig,
     RWRConfig,
+    SFTConfig,
     SolRLConfig,
+    SVGTaskConfig,
     TokenPPOConfig,
 )
 
 __all__ = ["TrainConfig"]
 
 Method = Literal[
-    "ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl", "promptrl"
+    "ddpo",
+    "grpo",
+    "flow_grpo",
+    "rlcm",
+    "b2diffurl",
+    "diffusion_nft",
+    "sol_rl",
+    "rwr",
+    "refl",
+    "sft",
+    "promptrl",
 ]
 
 
@@ -69,7 +81,9 @@ class TrainConfig:
     * ``max_grad_norm``: the gradient norm is clipped to it (0: not clipped).
     * ``lr_warmup_steps``: optimiser steps of linear warm-up; then ``lr_schedule`` "constant" or
       "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
-      steps, :attr:`planned_optimizer_steps`), :func:`genalign.algorithms.schedules.learning_rate_factor`.
+      steps, :attr:`planned_optimizer_steps`) or "step" (times ``lr_step_factor`` every
+      ``lr_step_every`` optimiser steps: RLRF's decay),
+      :func:`genalign.algorithms.schedules.learning_rate_factor`.
     * ``policy_learning_rates``: the learning rate of each policy of a joint run (a
       :class:`~genalign.policies.JointPolicy`, e.g. PromptRL's ``{rewriter: 1.0e-6, generator:
       2.0e-7}`` as UniRL), each its own AdamW parameter group under the same schedule; a policy
@@ -115,7 +129,9 @@ class TrainConfig:
 
     * ``b2diffurl`` (strategy ``b2diffurl``), ``sol_rl`` (strategy ``sol_rl``), ``nft`` (loss
       ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``), ``token_ppo`` (loss ``token_ppo``),
-      ``prompt_rewrite`` (strategy ``prompt_rewrite``).
+      ``svg`` (strategy ``svg``: RLRF's image-to-SVG / text-to-SVG tasks), ``sft`` (strategy and
+      loss ``sft``: supervised fine-tuning of a language policy), ``prompt_rewrite`` (strategy
+      ``prompt_rewrite``: PromptRL).
     """
 
     # what is trained
@@ -141,8 +157,10 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
-    lr_schedule: Literal["constant", "linear"] = "constant"
+    lr_schedule: Literal["constant", "linear", "step"] = "constant"
     lr_decay_steps: int | None = None
+    lr_step_every: int = 100
+    lr_step_factor: float = 0.3
     policy_learning_rates: dict[str, float] = field(default_factory=dict)
     ema_decay: float | None = None
     # policy-gradient loss and KL
@@ -170,6 +188,8 @@ class TrainConfig:
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)
     token_ppo: TokenPPOConfig = field(default_factory=TokenPPOConfig)
     prompt_rewrite: PromptRewriteConfig = field(default_factory=PromptRewriteConfig)
+    svg: SVGTaskConfig = field(default_factory=SVGTaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
         # in this order, so a recipe with several faults reports the same one first as before
@@ -214,6 +234,11 @@ class TrainConfig:
     def _check_optimiser(self) -> None:
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        if self.lr_step_every <= 0 or not 0 < self.lr_step_factor <= 1:
+            raise ConfigError(
+                f"train.lr_step_every must be positive and train.lr_step_factor in (0, 1], got "
+                f"{self.lr_step_every} and {self.lr_step_factor}"
+            )
         for name, rate in self.policy_learning_rates.items():
             if not rate > 0:
                 raise ConfigError(f"train.policy_learning_rates.{name} must be positive, got {rate}")
@@ -226,7 +251,8 @@ class TrainConfig:
 
     def _check_advantages(self) -> None:
         # b2diffurl compares branches, not prompt groups: one sample per prompt is its usual setting
-        grouped = self.strategy != "b2diffurl"
+        # nor does supervised fine-tuning (sft): it has no rewards to compare
+        grouped = self.strategy not in ("b2diffurl", "sft")
         if grouped and self.advantage == "group" and self.advantage_std == "group" and self.group_size < 2:
             raise ConfigError("train.group_size must be at least 2 for group advantages (advantage=group)")
 
@@ -261,4 +287,6 @@ class TrainConfig:
             self.lr_warmup_steps,
             self.lr_schedule,
             self.lr_decay_steps if self.lr_decay_steps is not None else self.planned_optimizer_steps,
+            step_every=self.lr_step_every,
+            step_factor=self.lr_step_factor,
         )

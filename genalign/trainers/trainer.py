@@ -51,6 +51,7 @@ from genalign.trainers.guards import count_nonfinite, gradients_are_finite
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
 from genalign.trainers.losses.base import PolicyLoss, as_policy_loss
 from genalign.trainers.minibatches import MinibatchPass, epoch_passes, nonzero_advantages
+from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies.base import RolloutBatch, RolloutContext, RolloutStrategy
 from genalign.trainers.trainer_state import resume_trainer, save_trainer
@@ -70,7 +71,8 @@ class Trainer:
         strategy: decides which trajectories exist (``genalign.trainers.strategies``).
         loss: turns them into gradients (``genalign.trainers.losses``).
         config: the full :class:`RecipeConfig`.
-        prompts: the prompt pool.
+        prompts: the prompt pool: a list of prompts, or a
+            :class:`~genalign.trainers.prompt_pool.PromptPool` whose prompts carry metadata.
         accelerator: an ``accelerate.Accelerator`` (made from the config when None).
         monitors: rewards computed on every step's rollouts for logging only
             (``monitor_<name>`` metrics), never used for advantages.
@@ -95,7 +97,8 @@ class Trainer:
             loss,
             config,
         )
-        self.prompts = list(prompts)
+        # a PromptPool (prompts with per-sample metadata: images, reference SVGs) is kept as is
+        self.prompts = prompts if isinstance(prompts, PromptPool) else list(prompts)
         if not self.prompts:
             raise ValueError("the prompt pool is empty")
         self.fingerprint = config.fingerprint(self.prompts)  # identifies the recipe for resume

@@ -443,3 +443,24 @@ def test_toy_sd_loads_with_plain_stable_diffusion_pipeline(name, family):
 def test_shipped_models_fit_the_size_budget():
     total = sum(f.stat().st_size for name, _ in SHIPPED for f in (MODELS / name).rglob("*") if f.is_file())
     assert total <= 35 * 2**20
+
+
+def test_a_stage_continued_without_vae_uses_the_init_models_recorded_vae(tiny_vae, tmp_path, capsys):
+    from genalign.toy.generators.cli import build_parser, stage_vae
+
+    vae, _ = tiny_vae
+    parser = build_parser()
+    init = tmp_path / "init"
+    vae.save_pretrained(str(init / "vae"))
+    record = {"command": "python -m genalign.toy.generators vae --out v", "steps": 3, "kl_weight": 1e-5}
+    (init / "card.json").write_text(json.dumps({"name": "toy-sd", "vae": record}))
+    args = parser.parse_args(["toy-sd", "--out", str(tmp_path / "o"), "--init", str(init)])
+    loaded, info = stage_vae(args, parser)
+    assert info == record
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), vae.state_dict().values()))
+    (init / "card.json").write_text(json.dumps({"name": "toy-sd"}))  # an older card: no VAE record
+    with pytest.raises(SystemExit):
+        stage_vae(args, parser)
+    assert (
+        "toy-sd needs --vae (or --init of a model whose card.json records its VAE)" in capsys.readouterr().err
+    )

@@ -163,11 +163,24 @@ def eval_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 # -- training commands: each returns its card's fields ------------------------------------------------
 
 
-def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+def stage_vae(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, dict[str, Any]]:
+    """The VAE a toy-sd stage trains on and its record: ``--vae`` (a folder from the vae command),
+    or else the VAE of the ``--init`` model, whose card records how it was trained."""
     from diffusers import AutoencoderKL
 
-    vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-sd needs --vae"))
-    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+    if args.vae:
+        return AutoencoderKL.from_pretrained(args.vae), json.loads(
+            (Path(args.vae) / "training.json").read_text()
+        )
+    card = Path(args.init or "") / "card.json"
+    if args.init and card.is_file() and "vae" in (recorded := json.loads(card.read_text())):
+        return AutoencoderKL.from_pretrained(str(Path(args.init) / "vae")), recorded["vae"]
+    parser.error("toy-sd needs --vae (or --init of a model whose card.json records its VAE)")
+
+
+def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    vae, vae_info = stage_vae(args, parser)
+    vae_steps = vae_info.get("steps") or len(vae_info["loss_history"]) * 100
     extra = _stage_options(args)
     if args.v_weight_cap is not None:
         extra["v_weight_cap"] = args.v_weight_cap
@@ -198,7 +211,7 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
         + f"VAE on its own renders (reconstruction MAE {vae_info['reconstruction_mae']:.4f})."
     )
     train = (
-        f"VAE {len(vae_info['loss_history']) * 100} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); "
+        f"VAE {vae_steps} steps (KL weight {vae_info.get('kl_weight', SD_KL_WEIGHT):g}); "
         + (
             f"text encoder: the text tower of {args.clip_text}, converted and frozen; UNet "
             if args.clip_text
@@ -228,6 +241,12 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
     return {
         "name": name,
         "family": "sd",
+        "vae": {
+            "command": vae_info["command"],
+            "steps": vae_steps,
+            "kl_weight": vae_info.get("kl_weight", SD_KL_WEIGHT),
+            "reconstruction_mae": vae_info["reconstruction_mae"],
+        },
         "description": "A small Stable Diffusion 1.x-architecture text-to-image model of the toy world (48 px), "
         + text_encoder
         + loose
@@ -335,7 +354,9 @@ def write_trained_card(out: Path, fields: dict[str, Any], args: argparse.Namespa
             )
     card = {
         **{
-            key: fields[key] for key in ("name", "family", "description", "load", "commands", "data", "train")
+            key: fields[key]
+            for key in ("name", "family", "description", "load", "commands", "data", "train", "vae")
+            if key in fields
         },
         "parameters": info["parameters"],
         "train_seconds": info["train_seconds"],

@@ -2,7 +2,8 @@
 
 ``LOSSES`` maps the recipe's ``train.loss`` names to the classes: ``ppo_clip``
 (:mod:`.ppo_clip`), ``nft`` (:mod:`.nft`), ``rwr`` (:mod:`.rwr`), ``refl`` (:mod:`.refl`),
-``token_ppo`` (:mod:`.token_ppo`, the ``language`` family's); :class:`JointLoss` (:mod:`.joint`)
+``token_ppo`` (:mod:`.token_ppo`, the ``language`` family's), ``sft`` (:mod:`.sft`, its
+supervised fine-tuning); :class:`JointLoss` (:mod:`.joint`)
 sums the losses of a joint run's policies; the
 contract and its hooks are :mod:`.base`; a loss outside genalign is named ``"package.module:Class"``.
 """
@@ -21,6 +22,7 @@ from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.ppo_clip import PPOClipLoss
 from genalign.trainers.losses.refl import ReFLLoss
 from genalign.trainers.losses.rwr import RWRLoss
+from genalign.trainers.losses.sft import SFTLoss
 from genalign.trainers.losses.token_ppo import TokenPPOLoss
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "PolicyLoss",
     "RWRLoss",
     "ReFLLoss",
+    "SFTLoss",
     "TokenPPOLoss",
     "as_policy_loss",
     "conditional_settings",

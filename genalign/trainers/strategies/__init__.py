@@ -1,7 +1,9 @@
 """Rollout strategies, one per file: which trajectories exist in a step and their advantages.
 
 ``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
-(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``prompt_rewrite`` (:mod:`.prompt_rewrite`, PromptRL); a strategy
+(:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``svg`` (:mod:`.svg`, RLRF's SVG tasks for the ``language``
+family), ``sft`` (:mod:`.sft`, its supervised fine-tuning), ``prompt_rewrite``
+(:mod:`.prompt_rewrite`, PromptRL's rewriter -> generator chain); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
@@ -19,7 +21,9 @@ from genalign.trainers.strategies.base import (
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 from genalign.trainers.strategies.prompt_rewrite import PromptRewriteStrategy
+from genalign.trainers.strategies.sft import SFTStrategy
 from genalign.trainers.strategies.sol_rl import SolRLStrategy
+from genalign.trainers.strategies.svg import SVGTaskStrategy
 
 __all__ = [
     "STRATEGIES",
@@ -29,6 +33,8 @@ __all__ = [
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",
+    "SFTStrategy",
+    "SVGTaskStrategy",
     "SolRLStrategy",
     "draw_prompt_groups",
     "draw_step_groups",

@@ -97,10 +97,15 @@ class RolloutContext:
             "lcm_final_noise": s.lcm_final_noise,
         }
 
-    def score(self, trajectory: Trajectory | TokenTrajectory) -> tuple[torch.Tensor, dict[str, Any]]:
+    def score(
+        self, trajectory: Trajectory | TokenTrajectory, outputs: Any = None, **metadata: Any
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Rewards ``[B_local]`` fp32 on :attr:`device` and the reward's numeric details; the
-        reward scores ``trajectory.outputs`` (images, or a language policy's completions)."""
-        out = self.reward(trajectory.outputs, list(trajectory.prompts))
+        reward scores ``outputs`` (default ``trajectory.outputs``: images, or a language policy's
+        completions; the ``svg`` strategy passes the extracted SVGs) and gets ``metadata`` (per
+        sample, e.g. ``targets`` and ``reference_svgs``) as keyword arguments."""
+        outputs = trajectory.outputs if outputs is None else outputs
+        out = self.reward(outputs, list(trajectory.prompts), **metadata)
         details = {k: v for k, v in out.details.items() if isinstance(v, (int, float))}
         return out.scores.detach().float().to(self.device), details
 
