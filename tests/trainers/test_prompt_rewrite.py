@@ -24,6 +24,7 @@ RECIPE = ROOT / "configs" / "toy" / "promptrl.yaml"
 TINY = [
     "model.path=tiny:sd",
     "reward.name=jpeg_compressibility",
+    "prompts.file=null",
     "prompts.prompts=[a red circle, a blue square, a green triangle]",
     "sampling.num_inference_steps=4",
     "sampling.num_sde_steps=2",
