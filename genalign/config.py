@@ -72,6 +72,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 return _convert(value, option, key)
             except ConfigError as error:
                 errors.append(str(error))
+        if len(errors) == 1:  # ``X | None``: X's own error names the key inside it
+            raise ConfigError(errors[0])
         raise ConfigError(f"{key}: {value!r} matches none of {_type_name(tp)}")
     if origin is typing.Literal:
         if value not in args:

@@ -313,6 +313,7 @@ class DiffusionPolicy(torch.nn.Module):
         mode: str,
         lcm_schedule: str = "diffusers",
         lcm_final_noise: bool = False,
+        num_sde_steps: int | None = None,
     ) -> RolloutSettings:
         default_h, default_w = self.default_size()
         multiple = self.size_multiple()
@@ -337,6 +338,7 @@ class DiffusionPolicy(torch.nn.Module):
             mode=mode,
             lcm_schedule=lcm_schedule,
             lcm_final_noise=bool(lcm_final_noise),
+            num_sde_steps=None if num_sde_steps is None else int(num_sde_steps),
         )
 
     @torch.no_grad()
@@ -358,6 +360,7 @@ class DiffusionPolicy(torch.nn.Module):
         stop_step: int | None = None,
         lcm_schedule: str = "diffusers",
         lcm_final_noise: bool = False,
+        num_sde_steps: int | None = None,
     ) -> Trajectory:
         """Sample ``group_size`` trajectories for each prompt, recording exact step log-probs.
 
@@ -377,6 +380,8 @@ class DiffusionPolicy(torch.nn.Module):
             lcm_schedule / lcm_final_noise: the consistency family's timesteps (``"diffusers"``
                 or ``"rlcm"``) and RLCM's scored re-noising of the last step; other families
                 ignore them.
+            num_sde_steps: only the first this many steps are stochastic, the rest deterministic
+                (PromptRL's SDE prefix and ODE tail); None: every step is.
         """
         num_inference_steps = num_inference_steps if num_inference_steps is not None else self.default_steps
         validate_rollout_arguments(prompts, num_inference_steps, group_size)
@@ -394,6 +399,7 @@ class DiffusionPolicy(torch.nn.Module):
             mode,
             lcm_schedule,
             lcm_final_noise,
+            num_sde_steps,
         )
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
@@ -453,7 +459,7 @@ class DiffusionPolicy(torch.nn.Module):
         for i in range(start, stop):
             step_index = torch.full((batch,), i, dtype=torch.long)
             model_output = self.predict(latents, step_index, conditioning, settings)
-            out = self.kernel(model_output, step_index, latents, settings, None, generators)
+            out = self.kernel(model_output, step_index, latents, settings.at_steps(i), None, generators)
             latents = out.prev_sample
             new_latents.append(latents)
             log_probs.append(out.log_prob)
@@ -554,7 +560,8 @@ class DiffusionPolicy(torch.nn.Module):
         sample = trajectory.latents[rows, step_index]
         prev_sample = trajectory.latents[rows, step_index + 1]
         model_output = self.predict(sample, step_index, trajectory.conditioning, trajectory.settings)
-        return self.kernel(model_output, step_index, sample, trajectory.settings, prev_sample, None)
+        settings = trajectory.settings.at_steps(step_index)
+        return self.kernel(model_output, step_index, sample, settings, prev_sample, None)
 
     def log_prob(
         self, trajectory: Trajectory, step_indices: torch.Tensor | Sequence[int] | None = None

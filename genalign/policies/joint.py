@@ -88,6 +88,8 @@ class JointTrajectory:
             (the generator); the other parts are trained on every call of the loss.
         prompts: the B prompts the reward is given (PromptRL: the original prompts, not rewrites).
         group_ids / seeds: ``[B]`` the prompt groups and the sample seeds.
+        outputs_from: the part whose outputs the reward and monitors score (None: ``primary``);
+            PromptRL with the generator frozen schedules the rewriter but scores the images.
     """
 
     parts: dict[str, Any]
@@ -96,10 +98,13 @@ class JointTrajectory:
     group_ids: torch.Tensor
     seeds: torch.Tensor
     extras: dict[str, Any] = field(default_factory=dict)
+    outputs_from: str | None = None
 
     def __post_init__(self) -> None:
-        if self.primary not in self.parts:
-            raise ValueError(f"primary part {self.primary!r} is not one of {list(self.parts)}")
+        for key in ("primary", "outputs_from"):
+            name = getattr(self, key)
+            if name is not None and name not in self.parts:
+                raise ValueError(f"{key} part {name!r} is not one of {list(self.parts)}")
         sizes = {name: part.batch_size for name, part in self.parts.items()}
         if len(set(sizes.values())) != 1 or len(self.prompts) != self.batch_size:
             raise ValueError(f"the parts must hold the same B samples as the prompts, got {sizes}")
@@ -114,11 +119,11 @@ class JointTrajectory:
 
     @property
     def outputs(self) -> Any:
-        return self.parts[self.primary].outputs
+        return self.parts[self.outputs_from or self.primary].outputs
 
     @property
     def images(self) -> Any:
-        return self.parts[self.primary].images
+        return self.parts[self.outputs_from or self.primary].images
 
     def stochastic_steps(self) -> torch.Tensor:
         return self.parts[self.primary].stochastic_steps()
@@ -137,4 +142,5 @@ class JointTrajectory:
             group_ids=self.group_ids[rows.to(self.group_ids.device)],
             seeds=self.seeds[rows.to(self.seeds.device)],
             extras=dict(self.extras),
+            outputs_from=self.outputs_from,
         )

@@ -15,7 +15,10 @@ class RolloutSettings:
     ``eta`` is DDIM's stochasticity (sd family), ``noise_level`` and ``mode`` the flow SDE's
     (flow family), ``lcm_schedule`` and ``lcm_final_noise`` the consistency sampler's (its
     timesteps: ``"diffusers"`` or ``"rlcm"``; whether the last step is re-noised and scored, as
-    RLCM's code does); a family ignores the settings of the others.
+    RLCM's code does); a family ignores the settings of the others. ``num_sde_steps``: only the
+    first ``num_sde_steps`` steps are stochastic and the rest deterministic (DDIM ``eta = 0``, the
+    flow ODE), as PromptRL's generator samples (UniRL's ``--num_sde``); None: every step as
+    ``eta`` / ``mode`` say.
     """
 
     num_inference_steps: int
@@ -27,6 +30,31 @@ class RolloutSettings:
     mode: str = "sde"
     lcm_schedule: str = "diffusers"
     lcm_final_noise: bool = False
+    num_sde_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        k = self.num_sde_steps
+        if k is not None and not 0 <= k <= self.num_inference_steps:
+            raise ValueError(f"num_sde_steps must lie in [0, {self.num_inference_steps}], got {k}")
+
+    def at_steps(self, step_index: Any) -> RolloutSettings:
+        """The settings the kernel uses at grid steps ``step_index`` (an int or a LongTensor
+        ``[B]``): these settings before ``num_sde_steps``, deterministic (``eta = 0``, ``mode =
+        "ode"``) from it on. Steps on both sides of it in one call are refused."""
+        k = self.num_sde_steps
+        if k is None:
+            return self
+        if torch.is_tensor(step_index):
+            low, high = int(step_index.min()), int(step_index.max())
+        else:
+            low = high = int(step_index)
+        if high < k:
+            return self
+        if low >= k:
+            return replace(self, eta=0.0, mode="ode")
+        raise ValueError(
+            f"steps {low}..{high} straddle num_sde_steps={k}: score SDE and ODE steps separately"
+        )
 
 
 @dataclass

@@ -40,6 +40,7 @@ METHODS = {
     "b2diffurl": "sd/flow, backward progressive window + branch sampling, PPO-clip (Hu et al. 2025)",
     "rwr": "sd/flow/consistency, reward-weighted denoising loss on own samples (DDPO's RWR, Black et al. 2023)",
     "refl": "sd/flow/consistency, differentiable reward through a one-step x0 prediction (ReFL, Xu et al. 2023)",
+    "promptrl": "sd/flow + a language rewriter trained jointly, prompt_rewrite strategy (PromptRL, arXiv 2602.01382)",
     "sft": "language family, next-token loss on (input, target) pairs; RLRF's stage 1 (Rodriguez et al. 2025)",
 }
 

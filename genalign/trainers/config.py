@@ -64,6 +64,38 @@ class ModelConfig:
 
 
 @dataclass
+class RewriterConfig:
+    """``rewriter``: the prompt rewriter of a joint run (PromptRL's language model; strategy
+    ``prompt_rewrite``), loaded beside the generator of ``model``.
+
+    ``family``: ``language``; ``path``: hub id, local transformers folder or ``tiny:qwen2``;
+    ``lora``: LoRA adapters on the LM's layers (None: full fine-tuning with a frozen reference
+    copy, as UniRL trains it); ``dtype``: the frozen weights' dtype; ``learning_rate``: the
+    rewriter's AdamW learning rate (UniRL: 1e-6 beside the DiT's 2e-7; None:
+    ``train.policy_learning_rates.rewriter`` or ``train.learning_rate``).
+    """
+
+    family: str = "language"
+    path: str = ""
+    lora: LoRAConfig | None = None
+    dtype: str | None = None
+    learning_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("rewriter.path is required (a hub id, a local folder or tiny:qwen2)")
+        if self.family != "language":
+            raise ConfigError(f"rewriter.family must be 'language', got {self.family!r}")
+        if self.lora is not None and list(self.lora.target_modules) == LoRAConfig().target_modules:
+            raise ConfigError(
+                f"rewriter.lora.target_modules {list(self.lora.target_modules)} are a diffusers denoiser's "
+                "layers; a language model's are e.g. [q_proj, k_proj, v_proj, o_proj]"
+            )
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ConfigError(f"rewriter.learning_rate must be positive, got {self.learning_rate}")
+
+
+@dataclass
 class LanguageSamplingConfig:
     """``sampling.language``: how a ``language`` policy samples completions
     (:meth:`genalign.policies.LanguagePolicy.rollout`).
@@ -107,7 +139,9 @@ class SamplingConfig:
     ``LCMScheduler`` ("diffusers") or RLCM's patched scheduler ("rlcm": 519/399/279/159 at the
     tail of 8 steps where diffusers has 499/379/259/139); ``lcm_final_noise``: re-noise the last
     consistency step at its own timestep and train on it, as RLCM's code does (False: the last
-    step is deterministic and untrained, as in diffusers). ``language``: the ``language``
+    step is deterministic and untrained, as in diffusers). ``num_sde_steps``: only the first this
+    many steps are stochastic (and trainable), the rest deterministic (DDIM eta 0, the flow ODE):
+    PromptRL's generator (UniRL's ``--num_sde``); None: every step. ``language``: the ``language``
     family's settings (:class:`LanguageSamplingConfig`); the diffusion families ignore them."""
 
     num_inference_steps: int = 20
@@ -120,12 +154,18 @@ class SamplingConfig:
     negative_prompt: str = ""
     lcm_schedule: Literal["diffusers", "rlcm"] = "diffusers"
     lcm_final_noise: bool = False
+    num_sde_steps: int | None = None
     language: LanguageSamplingConfig = field(default_factory=LanguageSamplingConfig)
 
     def __post_init__(self) -> None:
         if self.num_inference_steps <= 0:
             raise ConfigError(
                 f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}"
+            )
+        k = self.num_sde_steps
+        if k is not None and not 0 <= k <= self.num_inference_steps:
+            raise ConfigError(
+                f"sampling.num_sde_steps must lie in [0, num_inference_steps={self.num_inference_steps}], got {k}"
             )
 
 
@@ -263,7 +303,8 @@ class RecipeConfig:
     """A training recipe: ``name`` (the run's name, ``{name}`` in ``logging.run_dir``) and the
     sections ``model``, ``sampling``, ``reward``, ``prompts``, ``train`` and ``logging``.
     ``__post_init__`` holds the checks across sections (a method's family and loss, options of one
-    family set for another, B2-DiffuRL's window against the sampling steps)."""
+    family set for another, B2-DiffuRL's window against the sampling steps). ``rewriter`` (optional)
+    is the language model of a ``prompt_rewrite`` joint run (:class:`RewriterConfig`)."""
 
     name: str = "run"
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="?"))
@@ -272,6 +313,7 @@ class RecipeConfig:
     prompts: PromptsConfig = field(default_factory=lambda: PromptsConfig(prompts=["a photo"]))
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    rewriter: RewriterConfig | None = None
 
     def __post_init__(self) -> None:
         methods = {
@@ -309,6 +351,7 @@ class RecipeConfig:
                 f"trains on; train.loss {self.train.loss!r} needs the clean last latent"
             )
         self._check_language()
+        self._check_prompt_rewrite()
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps
         if self.train.strategy == "b2diffurl" and max(b2.split_step_start, b2.split_step_end or 0) > steps:
@@ -358,6 +401,36 @@ class RecipeConfig:
                 f"model.lora.target_modules {list(lora.target_modules)} are a diffusers denoiser's layers; "
                 "a language model's are e.g. [q_proj, k_proj, v_proj, o_proj]"
             )
+
+    def _check_prompt_rewrite(self) -> None:
+        """``prompt_rewrite`` needs a ``rewriter`` section and an sd / flow generator, and only it
+        reads one; ``rewriter.learning_rate`` becomes ``train.policy_learning_rates.rewriter``."""
+        rewrite = self.train.strategy == "prompt_rewrite"
+        if rewrite != (self.rewriter is not None):
+            raise ConfigError(
+                "train.strategy 'prompt_rewrite' needs a rewriter section (the language model), and a "
+                f"rewriter section needs it; got train.strategy {self.train.strategy!r} and "
+                f"rewriter {'set' if self.rewriter is not None else 'missing'}"
+            )
+        if self.train.method == "promptrl" and not rewrite:
+            raise ConfigError("train.method 'promptrl' rolls out with train.strategy 'prompt_rewrite'")
+        steps = self.sampling.num_sde_steps
+        if (rewrite or steps is not None) and self.model.family not in ("sd", "flow"):
+            key = "train.strategy 'prompt_rewrite'" if rewrite else "sampling.num_sde_steps"
+            raise ConfigError(
+                f"{key} is for the 'sd' or 'flow' family, but model.family is {self.model.family!r}"
+            )
+        if not rewrite:
+            return
+        rate = self.rewriter.learning_rate
+        rates = self.train.policy_learning_rates
+        if rate is not None:
+            if rates.get("rewriter", rate) != rate:
+                raise ConfigError(
+                    f"rewriter.learning_rate {rate} and train.policy_learning_rates.rewriter "
+                    f"{rates['rewriter']} disagree: give one"
+                )
+            rates["rewriter"] = rate
 
     def fingerprint(self, prompts: Sequence[str] | None = None) -> str:
         """Identifies the recipe for resuming: model, reward and algorithm, not run-time knobs.

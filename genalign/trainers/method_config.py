@@ -1,6 +1,6 @@
-"""Options of the methods that bring their own settings: the ``b2diffurl`` and ``sol_rl``
-strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, and the ``language``
-family's ``svg`` tasks and ``sft`` (``train.<method>`` in a recipe).
+"""Options of the methods that bring their own settings: the ``b2diffurl``, ``sol_rl`` and
+``prompt_rewrite`` strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, and the
+``language`` family's ``svg`` tasks and ``sft`` (``train.<method>`` in a recipe).
 
 Each schema documents its fields and checks them in ``__post_init__``; checks that need other
 sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConfig` and
@@ -17,6 +17,7 @@ from genalign.config import ConfigError
 __all__ = [
     "B2DiffuRLConfig",
     "NFTConfig",
+    "PromptRewriteConfig",
     "ReFLConfig",
     "RWRConfig",
     "SFTConfig",
@@ -238,6 +239,43 @@ class TokenPPOConfig:
             raise ConfigError(f"train.token_ppo.eps_low must lie in (0, 1), got {self.eps_low}")
         if self.eps_high <= 0.0:
             raise ConfigError(f"train.token_ppo.eps_high must be positive, got {self.eps_high}")
+
+
+@dataclass
+class PromptRewriteConfig:
+    """Options of the ``prompt_rewrite`` rollout strategy (PromptRL, arXiv 2602.01382; UniRL's
+    joint trainers; ``genalign.trainers.strategies.prompt_rewrite``). The rewriter is the recipe's
+    ``rewriter`` section, its sampling ``sampling.language`` (UniRL: temperature 1.0, 512 tokens).
+
+    ``template``: what the rewriter is asked, with ``{prompt}`` for the original prompt (default:
+    UniRL's GenEval template, :data:`genalign.algorithms.prompt_rewrite.GENEVAL_TEMPLATE`).
+    ``fallback``: the prompt drawn when a completion has no closed ``<answer>`` tag, the
+    ``"original"`` prompt or the whole ``"completion"`` (UniRL's). ``format_weight``: weight of
+    the format reward (1 with an answer tag, else 0) added to the task reward (UniRL: 1).
+    ``num_retained``: rows of each group that draw the original prompt and get no rewriter
+    gradient (UniRL's edit trainer, ``NUM_SKIP_REFINEMENT=2`` of 8; 0 as its GenEval trainer).
+    ``trains``: ``"both"`` (the joint trainer), ``"rewriter"`` (the generator frozen and sampled
+    by ODE: UniRL's ``GenEvalPromptGRPOTrainer``) or ``"generator"`` (the rewriter frozen).
+    ``rewriter_kl_coef``: the k3 KL coefficient of the rewriter's ``token_ppo`` loss (UniRL
+    hard-codes 0.01; ``train.kl_coef`` is the generator's beta).
+    """
+
+    template: str | None = None
+    fallback: Literal["original", "completion"] = "original"
+    format_weight: float = 1.0
+    num_retained: int = 0
+    trains: Literal["both", "rewriter", "generator"] = "both"
+    rewriter_kl_coef: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.template is not None and "{prompt}" not in self.template:
+            raise ConfigError("train.prompt_rewrite.template must hold '{prompt}' (the original prompt)")
+        if self.num_retained < 0:
+            raise ConfigError(f"train.prompt_rewrite.num_retained must be >= 0, got {self.num_retained}")
+        if self.rewriter_kl_coef < 0:
+            raise ConfigError(
+                f"train.prompt_rewrite.rewriter_kl_coef must be >= 0, got {self.rewriter_kl_coef}"
+            )
 
 
 @dataclass

@@ -72,6 +72,8 @@ def check_recipe_names(config: Any) -> None:
     from genalign.trainers.strategies import STRATEGIES
 
     resolve_name(POLICIES, config.model.family, "model.family")
+    if getattr(config, "rewriter", None) is not None:
+        resolve_name(POLICIES, config.rewriter.family, "rewriter.family")
     reward = resolve_name(REWARDS, config.reward.name, "reward.name")
     _check_reward_class(reward, "reward.name", Reward)
     check_options(reward, dict(config.reward.kwargs), "reward.kwargs", f"reward {config.reward.name!r}")

@@ -15,6 +15,7 @@ from genalign.config import ConfigError
 from genalign.trainers.method_config import (
     B2DiffuRLConfig,
     NFTConfig,
+    PromptRewriteConfig,
     ReFLConfig,
     RWRConfig,
     SFTConfig,
@@ -26,7 +27,17 @@ from genalign.trainers.method_config import (
 __all__ = ["TrainConfig"]
 
 Method = Literal[
-    "ddpo", "grpo", "flow_grpo", "rlcm", "b2diffurl", "diffusion_nft", "sol_rl", "rwr", "refl", "sft"
+    "ddpo",
+    "grpo",
+    "flow_grpo",
+    "rlcm",
+    "b2diffurl",
+    "diffusion_nft",
+    "sol_rl",
+    "rwr",
+    "refl",
+    "sft",
+    "promptrl",
 ]
 
 
@@ -119,7 +130,8 @@ class TrainConfig:
     * ``b2diffurl`` (strategy ``b2diffurl``), ``sol_rl`` (strategy ``sol_rl``), ``nft`` (loss
       ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``), ``token_ppo`` (loss ``token_ppo``),
       ``svg`` (strategy ``svg``: RLRF's image-to-SVG / text-to-SVG tasks), ``sft`` (strategy and
-      loss ``sft``: supervised fine-tuning of a language policy).
+      loss ``sft``: supervised fine-tuning of a language policy), ``prompt_rewrite`` (strategy
+      ``prompt_rewrite``: PromptRL).
     """
 
     # what is trained
@@ -175,6 +187,7 @@ class TrainConfig:
     refl: ReFLConfig = field(default_factory=ReFLConfig)
     sol_rl: SolRLConfig = field(default_factory=SolRLConfig)
     token_ppo: TokenPPOConfig = field(default_factory=TokenPPOConfig)
+    prompt_rewrite: PromptRewriteConfig = field(default_factory=PromptRewriteConfig)
     svg: SVGTaskConfig = field(default_factory=SVGTaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -248,6 +261,12 @@ class TrainConfig:
             raise ConfigError(
                 f"train.group_size {self.group_size} must equal the samples sol_rl keeps per prompt "
                 f"({self.sol_rl.kept_per_prompt}: train.sol_rl.keep_top + keep_bottom, or pool_size for selection=all)"
+            )
+        retained = self.prompt_rewrite.num_retained
+        if self.strategy == "prompt_rewrite" and retained >= self.group_size:
+            raise ConfigError(
+                f"train.prompt_rewrite.num_retained {retained} must be below train.group_size "
+                f"{self.group_size}: a group needs a rewritten row"
             )
 
     @property

@@ -568,6 +568,7 @@ def build_trainer(
     """Build policy, reward, strategy and loss from a recipe and return the trainer."""
     from genalign.policies import LoRASpec, load_policy
     from genalign.rewards import load_reward
+    from genalign.trainers.joint_recipe import generator_training, joint_policy_and_loss
     from genalign.trainers.losses import LOSSES
     from genalign.trainers.preflight import check_recipe_names
     from genalign.trainers.strategies import STRATEGIES
@@ -578,11 +579,14 @@ def build_trainer(
     # the accelerator first: under a multi-process launch it picks this process's device
     accelerator = accelerator or make_accelerator(config)
     device = accelerator.device
-    policy = load_policy(model.family, model.path, lora=lora, dtype=model.dtype, device=device)
+    lora, trained = generator_training(config, lora)  # PromptRL's LM-only runs freeze the generator
+    policy = load_policy(model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device)
     reward = load_reward(config.reward.name, **config.reward.kwargs)
     monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}
     strategy = STRATEGIES.get(config.train.strategy)(config.train)
     loss = LOSSES.get(config.train.loss)(config.train)
+    if config.rewriter is not None:  # a joint run: PromptRL's rewriter beside the generator
+        policy, loss = joint_policy_and_loss(config, policy, loss, device)
     prompts = config.prompts.load(base_dir)
     return Trainer(
         policy, reward, strategy, loss, config, prompts, accelerator=accelerator, monitors=monitors

@@ -461,4 +461,6 @@ def test_a_stage_continued_without_vae_uses_the_init_models_recorded_vae(tiny_va
     (init / "card.json").write_text(json.dumps({"name": "toy-sd"}))  # an older card: no VAE record
     with pytest.raises(SystemExit):
         stage_vae(args, parser)
-    assert "toy-sd needs --vae (or --init of a model whose card.json records its VAE)" in capsys.readouterr().err
+    assert (
+        "toy-sd needs --vae (or --init of a model whose card.json records its VAE)" in capsys.readouterr().err
+    )

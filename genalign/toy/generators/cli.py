@@ -169,7 +169,9 @@ def stage_vae(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tupl
     from diffusers import AutoencoderKL
 
     if args.vae:
-        return AutoencoderKL.from_pretrained(args.vae), json.loads((Path(args.vae) / "training.json").read_text())
+        return AutoencoderKL.from_pretrained(args.vae), json.loads(
+            (Path(args.vae) / "training.json").read_text()
+        )
     card = Path(args.init or "") / "card.json"
     if args.init and card.is_file() and "vae" in (recorded := json.loads(card.read_text())):
         return AutoencoderKL.from_pretrained(str(Path(args.init) / "vae")), recorded["vae"]

@@ -83,7 +83,8 @@ class RolloutContext:
         s = self.sampling
         if isinstance(self.policy, LanguagePolicy):
             return s.language.rollout_kwargs()
-        return {
+        kwargs = {} if s.num_sde_steps is None else {"num_sde_steps": s.num_sde_steps}
+        return kwargs | {
             "num_inference_steps": s.num_inference_steps,
             "guidance_scale": s.guidance_scale,
             "eta": s.eta,
