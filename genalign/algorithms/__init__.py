@@ -4,7 +4,8 @@ One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's l
 :mod:`.b2diffurl` (B2-DiffuRL's schedule, selection and advantages), :mod:`.sol_rl` (Sol-RL's
 candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.token_ppo` (the
 token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
-supervised fine-tuning).
+supervised fine-tuning), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
+and perception term).
 
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
@@ -28,6 +29,17 @@ from genalign.algorithms.b2diffurl import (
 from genalign.algorithms.kl import estimate_kl, gaussian_step_kl, kl_k1, kl_k2, kl_k3
 from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
 from genalign.algorithms.nft import nft_loss, nft_loss_in_x0, nft_old_policy_decay, optimality_probability
+from genalign.algorithms.q_hawkeye import (
+    accuracy_reward,
+    cosine_annealed,
+    format_reward,
+    parse_answer_score,
+    perception_k3,
+    perception_term,
+    repetition_penalty,
+    score_uncertainty_weights,
+    uncertainty_aware_advantages,
+)
 from genalign.algorithms.refl import refl_objective
 from genalign.algorithms.rwr import rwr_weights
 from genalign.algorithms.selection import (
@@ -73,4 +85,13 @@ __all__ = [
     "TOKEN_AGGREGATIONS",
     "aggregate_tokens",
     "token_ppo_loss",
+    "accuracy_reward",
+    "cosine_annealed",
+    "format_reward",
+    "parse_answer_score",
+    "perception_k3",
+    "perception_term",
+    "repetition_penalty",
+    "score_uncertainty_weights",
+    "uncertainty_aware_advantages",
 ]

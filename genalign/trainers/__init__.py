@@ -41,6 +41,7 @@ METHODS = {
     "rwr": "sd/flow/consistency, reward-weighted denoising loss on own samples (DDPO's RWR, Black et al. 2023)",
     "refl": "sd/flow/consistency, differentiable reward through a one-step x0 prediction (ReFL, Xu et al. 2023)",
     "sft": "language family, next-token loss on (input, target) pairs; RLRF's stage 1 (Rodriguez et al. 2025)",
+    "q_hawkeye": "language family, IQA judge: uncertainty-aware GRPO + perception term on degraded images (Xie et al. 2026)",
 }
 
 

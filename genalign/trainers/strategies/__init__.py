@@ -2,7 +2,8 @@
 
 ``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
 (:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``svg`` (:mod:`.svg`, RLRF's SVG tasks for the ``language``
-family), ``sft`` (:mod:`.sft`, its supervised fine-tuning); a strategy
+family), ``sft`` (:mod:`.sft`, its supervised fine-tuning), ``q_hawkeye`` (:mod:`.q_hawkeye`, IQA
+judges with degraded copies); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
@@ -19,6 +20,7 @@ from genalign.trainers.strategies.base import (
     step_generator,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
+from genalign.trainers.strategies.q_hawkeye import QHawkeyeStrategy
 from genalign.trainers.strategies.sft import SFTStrategy
 from genalign.trainers.strategies.sol_rl import SolRLStrategy
 from genalign.trainers.strategies.svg import SVGTaskStrategy
@@ -27,6 +29,7 @@ __all__ = [
     "STRATEGIES",
     "B2DiffuRLStrategy",
     "GroupRolloutStrategy",
+    "QHawkeyeStrategy",
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",
