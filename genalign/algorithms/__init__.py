@@ -5,7 +5,8 @@ One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's l
 candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.token_ppo` (the
 token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
 supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
-and prompt retention).
+and prompt retention), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
+and perception term).
 
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
@@ -36,6 +37,17 @@ from genalign.algorithms.prompt_rewrite import (
     refine_prompts,
     retained_format_rewards,
     retained_rows,
+)
+from genalign.algorithms.q_hawkeye import (
+    accuracy_reward,
+    cosine_annealed,
+    format_reward,
+    parse_answer_score,
+    perception_k3,
+    perception_term,
+    repetition_penalty,
+    score_uncertainty_weights,
+    uncertainty_aware_advantages,
 )
 from genalign.algorithms.refl import refl_objective
 from genalign.algorithms.rwr import rwr_weights
@@ -88,4 +100,13 @@ __all__ = [
     "TOKEN_AGGREGATIONS",
     "aggregate_tokens",
     "token_ppo_loss",
+    "accuracy_reward",
+    "cosine_annealed",
+    "format_reward",
+    "parse_answer_score",
+    "perception_k3",
+    "perception_term",
+    "repetition_penalty",
+    "score_uncertainty_weights",
+    "uncertainty_aware_advantages",
 ]

@@ -19,6 +19,7 @@ name                       what                                                 
 ``clip_iqa``               CLIP-IQA antonym prompts (Wang et al. 2023)                 yes
 ``keyword``                text: keyword occurrences in a completion (verifiable)      no
 ``text_length``            text: closeness of a completion's length to a target         no
+``iqa_answer``             text: Q-Hawkeye accuracy + format + repetition vs. true MOS  no
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 =========================  ==========================================================  =====
 """
@@ -57,7 +58,7 @@ from genalign.rewards.jpeg import (
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
-from genalign.rewards.text import KeywordReward, TextLengthReward
+from genalign.rewards.text import IQAAnswerReward, KeywordReward, TextLengthReward
 from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
 
@@ -81,6 +82,7 @@ __all__ = [
     "CLIPScoreReward",
     "EnsembleReward",
     "HPSv2Reward",
+    "IQAAnswerReward",
     "KeywordReward",
     "TextLengthReward",
     "JPEGCompressibilityReward",

@@ -6,9 +6,11 @@ rule-checked answers) can be tested and demonstrated offline with no reward mode
 
 * ``keyword`` — :class:`KeywordReward`: how many of the keywords a completion contains (a
   verifiable rule like PromptRL's format reward, "1 if an ``<answer>`` tag is present");
-* ``text_length`` — :class:`TextLengthReward`: closeness of a completion's length to a target.
+* ``text_length`` — :class:`TextLengthReward`: closeness of a completion's length to a target;
+* ``iqa_answer`` — :class:`IQAAnswerReward`: Q-Hawkeye's accuracy + format + repetition reward on
+  an IQA judge's ``<think>...</think><answer>x.xx</answer>`` against the true MOS.
 
-Neither is differentiable; an empty completion is a valid input (score 0 / the length penalty).
+None is differentiable; an empty completion is a valid input (score 0 / the length penalty).
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ from typing import Any, Literal
 
 import torch
 
+from genalign.algorithms.q_hawkeye import (
+    accuracy_reward,
+    format_reward,
+    parse_answer_score,
+    repetition_penalty,
+)
 from genalign.rewards.base import Reward, RewardOutput, register_reward
 
-__all__ = ["KeywordReward", "TextLengthReward"]
+__all__ = ["IQAAnswerReward", "KeywordReward", "TextLengthReward"]
 
 
 @register_reward("keyword")
@@ -99,3 +107,65 @@ class TextLengthReward(Reward):
         )
         scores = (1.0 - (lengths - self.target).abs() / self.target).clamp(min=-1.0)
         return RewardOutput(scores, {"length": lengths})
+
+
+@register_reward("iqa_answer")
+class IQAAnswerReward(Reward):
+    """Q-Hawkeye's reward on an IQA judge's completion (Xie et al. 2026, arXiv 2601.22920; official
+    ``grpo_am.py``): ``accuracy + format + repetition`` (:mod:`genalign.algorithms.q_hawkeye`).
+
+    * accuracy: ``exp(-|s_hat - mos| / tau)`` with ``s_hat`` parsed from ``<answer>x.xx</answer>``
+      and both clamped to ``[score_min, score_max]``; 0 when no score parses;
+    * format: ``format_value`` (0.8) when the completion is ``<think>...</think><answer>x.xx</answer>``;
+    * repetition: ``-0.25`` per occurrence of a word or character occurring more than 5 times in the
+      answer, floored at -2.
+
+    Metadata: ``mos`` ``[B]`` (a tensor or list), the true mean opinion score of each sample's image
+    (the ``q_hawkeye`` strategy passes its pool row's). ``weights`` scales the three terms
+    (official: all 1). ``details``: per-sample ``accuracy``, ``format``, ``repetition`` and
+    ``parsed_score`` (NaN: unparsed), their means (``accuracy_mean``, ``format_mean``,
+    ``repetition_mean``) and ``unparsed_count``. A malformed answer scores the floor of each term,
+    never raises.
+    """
+
+    input_kind = "text"
+
+    def __init__(
+        self,
+        tau: float = 0.3,
+        score_min: float = 1.0,
+        score_max: float = 5.0,
+        format_value: float = 0.8,
+        weights: dict[str, float] | None = None,
+        strict: bool = False,
+    ) -> None:
+        super().__init__(strict=strict)
+        if tau <= 0 or score_max <= score_min:
+            raise ValueError(f"need tau > 0 and score_max > score_min, got {tau}, [{score_min}, {score_max}]")
+        self.weights = {"accuracy": 1.0, "format": 1.0, "repetition": 1.0, **(weights or {})}
+        unknown = sorted(set(self.weights) - {"accuracy", "format", "repetition"})
+        if unknown:
+            raise ValueError(f"weights: unknown terms {unknown}; the terms are accuracy, format, repetition")
+        self.tau, self.score_min, self.score_max, self.format_value = tau, score_min, score_max, format_value
+
+    def score(self, texts: Sequence[str], prompts: Sequence[str], **metadata: Any) -> RewardOutput:
+        if "mos" not in metadata:
+            raise ValueError(f"{self.name}: needs metadata 'mos' (the true score of each sample's image)")
+        mos = torch.as_tensor(metadata["mos"], dtype=torch.float64).flatten().tolist()
+        if len(mos) != len(texts):
+            raise ValueError(f"{self.name}: got {len(mos)} mos values for {len(texts)} completions")
+        terms = {
+            "accuracy": [
+                accuracy_reward(t, m, self.tau, self.score_min, self.score_max) for t, m in zip(texts, mos)
+            ],
+            "format": [format_reward(t, self.format_value) for t in texts],
+            "repetition": [repetition_penalty(t) for t in texts],
+        }
+        details: dict[str, Any] = {k: torch.tensor(v, dtype=torch.float32) for k, v in terms.items()}
+        scores = sum(self.weights[k] * details[k] for k in terms)
+        parsed = [parse_answer_score(t) for t in texts]
+        details["parsed_score"] = torch.tensor([float("nan") if p is None else p for p in parsed])
+        details["unparsed_count"] = sum(p is None for p in parsed)
+        for key in terms:
+            details[f"{key}_mean"] = float(details[key].mean()) if texts else 0.0
+        return RewardOutput(scores.float(), details)

@@ -42,6 +42,7 @@ METHODS = {
     "refl": "sd/flow/consistency, differentiable reward through a one-step x0 prediction (ReFL, Xu et al. 2023)",
     "promptrl": "sd/flow + a language rewriter trained jointly, prompt_rewrite strategy (PromptRL, arXiv 2602.01382)",
     "sft": "language family, next-token loss on (input, target) pairs; RLRF's stage 1 (Rodriguez et al. 2025)",
+    "q_hawkeye": "language family, IQA judge: uncertainty-aware GRPO + perception term on degraded images (Xie et al. 2026)",
 }
 
 

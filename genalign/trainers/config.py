@@ -24,8 +24,8 @@ from genalign.trainers.train_config import TrainConfig
 # for the LCM sampler, not trained on the DDPM process)
 NFT_FAMILIES = ("flow", "sd")
 # what trains the language family: sampled completions (token_ppo) or given targets (sft)
-LANGUAGE_LOSSES = ("token_ppo", "sft")
-LANGUAGE_STRATEGIES = ("groups", "svg", "sft")
+LANGUAGE_LOSSES = ("token_ppo", "sft", "q_hawkeye")
+LANGUAGE_STRATEGIES = ("groups", "svg", "sft", "q_hawkeye")
 
 
 @dataclass
@@ -323,6 +323,7 @@ class RecipeConfig:
             "diffusion_nft": NFT_FAMILIES,
             "sol_rl": ("flow",),
             "sft": ("language",),
+            "q_hawkeye": ("language",),
         }
         families = methods.get(self.train.method)
         if families is not None and self.model.family not in families:
@@ -373,7 +374,7 @@ class RecipeConfig:
                 f"train.loss {loss!r} trains token sequences of the 'language' family, but model.family is {self.model.family!r}"
             )
         if not language:
-            if strategy in ("svg", "sft"):
+            if strategy in ("svg", "sft", "q_hawkeye"):
                 raise ConfigError(
                     f"train.strategy {strategy!r} is for the 'language' family, but model.family is {self.model.family!r}"
                 )
@@ -381,8 +382,9 @@ class RecipeConfig:
         if strategy not in LANGUAGE_STRATEGIES and ":" not in strategy:
             raise ConfigError(
                 f"train.strategy {strategy!r} rolls out denoising chains; the 'language' family rolls out "
-                "with 'groups' or 'svg' (or trains supervised with 'sft')"
+                "with 'groups', 'svg' or 'q_hawkeye' (or trains supervised with 'sft')"
             )
+        self._check_q_hawkeye()
         # supervised fine-tuning is its own strategy and loss: either alone would train on nonsense
         if (self.train.method == "sft" or loss == "sft" or strategy == "sft") and not (
             loss == "sft" and strategy == "sft"
@@ -432,6 +434,24 @@ class RecipeConfig:
                 )
             rates["rewriter"] = rate
 
+    def _check_q_hawkeye(self) -> None:
+        """Q-Hawkeye's perception term needs the degraded copies only its strategy rolls out."""
+        train = self.train
+        if train.method == "q_hawkeye" and train.strategy != "q_hawkeye" and ":" not in train.strategy:
+            raise ConfigError(
+                f"train.method 'q_hawkeye' rolls out with train.strategy 'q_hawkeye', but train.strategy is {train.strategy!r}"
+            )
+        if (
+            train.loss == "q_hawkeye"
+            and train.q_hawkeye.perception_gamma > 0
+            and train.strategy != "q_hawkeye"
+            and ":" not in train.strategy
+        ):
+            raise ConfigError(
+                "train.q_hawkeye.perception_gamma > 0 needs the degraded image of each sample, which "
+                f"train.strategy 'q_hawkeye' keeps; train.strategy is {train.strategy!r} (or set it to 0)"
+            )
+
     def fingerprint(self, prompts: Sequence[str] | None = None) -> str:
         """Identifies the recipe for resuming: model, reward and algorithm, not run-time knobs.
 
@@ -445,8 +465,8 @@ class RecipeConfig:
         for key in ("records", "source", "source_kwargs"):  # unset: fingerprints of older runs hold
             if not data["prompts"].get(key):
                 data["prompts"].pop(key, None)
-        for key in ("svg", "sft"):  # method options of the language family, likewise
-            if self.train.strategy != key:
+        for key in ("svg", "sft", "q_hawkeye"):  # method options of the language family, likewise
+            if key not in (self.train.strategy, self.train.loss):
                 data["train"].pop(key, None)
         if self.prompts.file and prompts is not None:
             data["prompts"]["contents"] = hashlib.sha256("\n".join(prompts).encode()).hexdigest()

@@ -1,6 +1,6 @@
 """Options of the methods that bring their own settings: the ``b2diffurl``, ``sol_rl`` and
 ``prompt_rewrite`` strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, and the
-``language`` family's ``svg`` tasks and ``sft`` (``train.<method>`` in a recipe).
+``language`` family's ``svg`` tasks, ``sft`` and ``q_hawkeye`` (``train.<method>`` in a recipe).
 
 Each schema documents its fields and checks them in ``__post_init__``; checks that need other
 sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConfig` and
@@ -18,6 +18,7 @@ __all__ = [
     "B2DiffuRLConfig",
     "NFTConfig",
     "PromptRewriteConfig",
+    "QHawkeyeConfig",
     "ReFLConfig",
     "RWRConfig",
     "SFTConfig",
@@ -310,3 +311,47 @@ class SFTConfig:
     target: str = "completions"
     image_inputs: bool = False
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+
+
+@dataclass
+class QHawkeyeConfig:
+    """Options of Q-Hawkeye (Xie et al. 2026, arXiv 2601.22920): the ``q_hawkeye`` strategy and loss
+    of the ``language`` family (``genalign.trainers.strategies.q_hawkeye``, ``...losses.q_hawkeye``).
+
+    Advantages (strategy): ``uncertainty``: scale each group's GRPO advantages by
+    ``exp(-alpha * clip(Var(parsed scores) / (0.25 (score_max - score_min)^2), 0, 1))`` (UA-GRPO;
+    false: plain GRPO advantages, the ablation); ``alpha``, ``score_min``, ``score_max`` (official
+    0.2, 1, 5). Loss: ``perception_gamma``: weight of the perception term ``-gamma * mean(k3)``
+    between the completion's log-probs given the original and the degraded image (official 1e-4;
+    0: off); ``perception_anneal_steps``: training steps over which gamma is cosine-annealed to 0
+    (None: ``train.num_steps``; 0: constant); ``perception_clamp``: the per-token k3 clamp (10);
+    ``ratio_clip``: clip the token ratio to ``train.token_ppo``'s range (false: the official loss,
+    ``exp(logp - sg(logp)) * A``, whose ``epsilon_high`` is passed but never used).
+    """
+
+    uncertainty: bool = True
+    alpha: float = 0.2
+    score_min: float = 1.0
+    score_max: float = 5.0
+    perception_gamma: float = 1e-4
+    perception_anneal_steps: int | None = None
+    perception_clamp: float = 10.0
+    ratio_clip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ConfigError(f"train.q_hawkeye.alpha must be >= 0, got {self.alpha}")
+        if self.score_max <= self.score_min:
+            raise ConfigError(
+                f"train.q_hawkeye.score_max {self.score_max} must exceed train.q_hawkeye.score_min {self.score_min}"
+            )
+        if self.perception_gamma < 0:
+            raise ConfigError(f"train.q_hawkeye.perception_gamma must be >= 0, got {self.perception_gamma}")
+        if self.perception_anneal_steps is not None and self.perception_anneal_steps < 0:
+            raise ConfigError(
+                f"train.q_hawkeye.perception_anneal_steps must be >= 0, got {self.perception_anneal_steps}"
+            )
+        if self.perception_clamp <= 0:
+            raise ConfigError(
+                f"train.q_hawkeye.perception_clamp must be positive, got {self.perception_clamp}"
+            )

@@ -16,6 +16,7 @@ from genalign.trainers.method_config import (
     B2DiffuRLConfig,
     NFTConfig,
     PromptRewriteConfig,
+    QHawkeyeConfig,
     ReFLConfig,
     RWRConfig,
     SFTConfig,
@@ -38,6 +39,7 @@ Method = Literal[
     "refl",
     "sft",
     "promptrl",
+    "q_hawkeye",
 ]
 
 
@@ -82,7 +84,8 @@ class TrainConfig:
     * ``lr_warmup_steps``: optimiser steps of linear warm-up; then ``lr_schedule`` "constant" or
       "linear" (to 0 after ``lr_decay_steps`` optimiser steps; None: the run's planned optimiser
       steps, :attr:`planned_optimizer_steps`) or "step" (times ``lr_step_factor`` every
-      ``lr_step_every`` optimiser steps: RLRF's decay),
+      ``lr_step_every`` optimiser steps: RLRF's decay) or "cosine" (to 0 after ``lr_decay_steps``, as
+      transformers' cosine schedule with warm-up: Q-Hawkeye),
       :func:`genalign.algorithms.schedules.learning_rate_factor`.
     * ``policy_learning_rates``: the learning rate of each policy of a joint run (a
       :class:`~genalign.policies.JointPolicy`, e.g. PromptRL's ``{rewriter: 1.0e-6, generator:
@@ -131,7 +134,8 @@ class TrainConfig:
       ``nft``), ``rwr`` (loss ``rwr``), ``refl`` (loss ``refl``), ``token_ppo`` (loss ``token_ppo``),
       ``svg`` (strategy ``svg``: RLRF's image-to-SVG / text-to-SVG tasks), ``sft`` (strategy and
       loss ``sft``: supervised fine-tuning of a language policy), ``prompt_rewrite`` (strategy
-      ``prompt_rewrite``: PromptRL).
+      ``prompt_rewrite``: PromptRL), ``q_hawkeye`` (strategy and loss ``q_hawkeye``: IQA judges
+      trained with uncertainty-aware GRPO and a perception term).
     """
 
     # what is trained
@@ -157,7 +161,7 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     lr_warmup_steps: int = 0
-    lr_schedule: Literal["constant", "linear", "step"] = "constant"
+    lr_schedule: Literal["constant", "linear", "step", "cosine"] = "constant"
     lr_decay_steps: int | None = None
     lr_step_every: int = 100
     lr_step_factor: float = 0.3
@@ -190,6 +194,7 @@ class TrainConfig:
     prompt_rewrite: PromptRewriteConfig = field(default_factory=PromptRewriteConfig)
     svg: SVGTaskConfig = field(default_factory=SVGTaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    q_hawkeye: QHawkeyeConfig = field(default_factory=QHawkeyeConfig)
 
     def __post_init__(self) -> None:
         # in this order, so a recipe with several faults reports the same one first as before

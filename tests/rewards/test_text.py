@@ -48,3 +48,22 @@ def test_bad_input_is_refused_with_a_message():
         load_reward("keyword", keywords=[])
     with pytest.raises(ValueError, match="target"):
         load_reward("text_length", target=0)
+
+
+def test_iqa_answer_sums_the_three_terms_and_logs_each():
+    import math
+
+    reward = load_reward("iqa_answer")
+    texts = ["<think>ok</think><answer>3.50</answer>", "no answer", "aaaaaa <answer>9</answer>"]
+    out = reward(texts, ["q"] * 3, mos=torch.tensor([3.2, 4.0, 5.0]))
+    # accuracy e^-1 + format 0.8; nothing; accuracy 1 (9 -> 5) + repetition 0 (the answer "9" only)
+    torch.testing.assert_close(out.scores, torch.tensor([math.exp(-1) + 0.8, 0.0, 1.0]))
+    torch.testing.assert_close(out.details["format"], torch.tensor([0.8, 0.0, 0.0]))
+    assert out.details["unparsed_count"] == 1 and math.isnan(float(out.details["parsed_score"][1]))
+    assert out.details["accuracy_mean"] == pytest.approx((math.exp(-1) + 1.0) / 3)
+    weighted = load_reward("iqa_answer", weights={"format": 0.0})
+    assert float(weighted(texts[:1], ["q"], mos=[3.2]).scores[0]) == pytest.approx(math.exp(-1))
+    with pytest.raises(ValueError, match="needs metadata 'mos'"):
+        reward(texts, ["q"] * 3)
+    with pytest.raises(ValueError, match="unknown terms"):
+        load_reward("iqa_answer", weights={"fmt": 1.0})

@@ -20,6 +20,7 @@ from genalign.trainers.losses.forward_process import (
 from genalign.trainers.losses.joint import JointLoss
 from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.ppo_clip import PPOClipLoss
+from genalign.trainers.losses.q_hawkeye import QHawkeyeLoss
 from genalign.trainers.losses.refl import ReFLLoss
 from genalign.trainers.losses.rwr import RWRLoss
 from genalign.trainers.losses.sft import SFTLoss
@@ -32,6 +33,7 @@ __all__ = [
     "NFTLoss",
     "PPOClipLoss",
     "PolicyLoss",
+    "QHawkeyeLoss",
     "RWRLoss",
     "ReFLLoss",
     "SFTLoss",

@@ -36,9 +36,22 @@ class TokenPPOLoss(PolicyLoss):
         self.config = config
 
     def __call__(self, policy, trajectory, step_index, advantages):
+        log_probs = policy.log_prob(trajectory)  # (B, L) under the current weights
+        return self.token_loss(policy, trajectory, log_probs, advantages)
+
+    def token_loss(
+        self,
+        policy: Any,
+        trajectory: Any,
+        log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        clip_range: tuple[float, float] | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss and metrics given the current ``log_probs`` ``[B, L]`` (a loss composing this
+        one, Q-Hawkeye's, reuses them); ``clip_range``: ``(eps_low, eps_high)`` instead of
+        ``train.token_ppo``'s (``(0, inf)``: no clipping, since ``rho > 0``)."""
         options = self.config.token_ppo
         kl_coef = float(self.config.kl_coef)
-        log_probs = policy.log_prob(trajectory)  # (B, L) under the current weights
         device = log_probs.device
         reference = None
         if kl_coef > 0:
@@ -49,7 +62,7 @@ class TokenPPOLoss(PolicyLoss):
             trajectory.log_probs.to(device),
             advantages.to(device),
             trajectory.completion_mask.to(device),
-            clip_range=(options.eps_low, options.eps_high),
+            clip_range=clip_range or (options.eps_low, options.eps_high),
             ref_log_probs=reference,
             kl_coef=kl_coef,
             aggregation=options.aggregation,

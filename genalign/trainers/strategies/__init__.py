@@ -3,7 +3,8 @@
 ``STRATEGIES`` maps the recipe's ``train.strategy`` names to the classes: ``groups``
 (:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``svg`` (:mod:`.svg`, RLRF's SVG tasks for the ``language``
 family), ``sft`` (:mod:`.sft`, its supervised fine-tuning), ``prompt_rewrite``
-(:mod:`.prompt_rewrite`, PromptRL's rewriter -> generator chain); a strategy
+(:mod:`.prompt_rewrite`, PromptRL's rewriter -> generator chain), ``q_hawkeye`` (:mod:`.q_hawkeye`,
+IQA judges with degraded copies); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
@@ -21,6 +22,7 @@ from genalign.trainers.strategies.base import (
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 from genalign.trainers.strategies.prompt_rewrite import PromptRewriteStrategy
+from genalign.trainers.strategies.q_hawkeye import QHawkeyeStrategy
 from genalign.trainers.strategies.sft import SFTStrategy
 from genalign.trainers.strategies.sol_rl import SolRLStrategy
 from genalign.trainers.strategies.svg import SVGTaskStrategy
@@ -30,6 +32,7 @@ __all__ = [
     "B2DiffuRLStrategy",
     "GroupRolloutStrategy",
     "PromptRewriteStrategy",
+    "QHawkeyeStrategy",
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",

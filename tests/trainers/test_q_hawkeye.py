@@ -1,0 +1,218 @@
+"""Q-Hawkeye on the language family (#27 items 1-5): the strategy rolls out G judgements per image
+on the tiny LLaVA, the reward gets each sample's MOS, the advantages are uncertainty-aware, the
+degraded copy reaches the loss, gamma anneals, and bad recipes fail naming the key."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.algorithms import uncertainty_aware_advantages
+from genalign.config import ConfigError
+from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.losses.q_hawkeye import QHawkeyeLoss, degraded_trajectory
+from genalign.trainers.strategies import step_generator
+from genalign.trainers.strategies.svg import draw_indexed_groups
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "configs" / "toy" / "q_hawkeye.yaml"
+KONIQ = ROOT / "configs" / "qwen25vl" / "q_hawkeye_koniq.yaml"
+SMALL = ["prompts.source_kwargs.limit=8", "sampling.language.max_new_tokens=16"]
+
+
+@pytest.fixture(autouse=True)
+def _tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+
+
+def make_trainer(tmp_path: Path, *overrides: str):
+    config = load_recipe(
+        TOY, [f"logging.run_dir={tmp_path}/run", "logging.progress=false", *SMALL, *overrides]
+    )
+    return build_trainer(config, base_dir=TOY.parent)
+
+
+def test_two_steps_with_the_degraded_copy_reaching_the_loss(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, "train.num_steps=2")
+    policy, pool = trainer.policy, trainer.prompts
+    shown, batches = [], []
+    log_prob, collect = policy.log_prob, trainer.strategy.collect
+
+    def spy_log_prob(trajectory, step_indices=None):
+        shown.append(trajectory.model_inputs["pixel_values"].detach().clone())
+        return log_prob(trajectory, step_indices)
+
+    def spy_collect(context, step):
+        batches.append(collect(context, step))
+        return batches[-1]
+
+    monkeypatch.setattr(policy, "log_prob", spy_log_prob)
+    monkeypatch.setattr(trainer.strategy, "collect", spy_collect)
+    trainer.train()
+
+    assert len(batches) == 2
+    degraded_rows, original_rows = [], []
+    for step, batch in enumerate(batches):
+        trajectory = batch.trajectory
+        rows, _, _ = draw_indexed_groups(len(pool), 2, 4, step_generator(trainer.config.train.seed, step))
+        # the strategy kept the processor's inputs of the rows' degraded images
+        expected = policy.encode_prompts(
+            trajectory.prompts, trajectory.settings, pool.metadata["degraded_images"][rows]
+        )
+        kept = trajectory.extras["degraded:pixel_values"]
+        torch.testing.assert_close(kept.cpu(), expected["pixel_values"].cpu(), atol=0, rtol=0)
+        assert not torch.equal(kept, trajectory.model_inputs["pixel_values"])
+        degraded_rows += list(kept.cpu())
+        original_rows += list(trajectory.model_inputs["pixel_values"].cpu())
+
+    def is_in(rows: torch.Tensor, bank: list[torch.Tensor]) -> bool:
+        return all(any(torch.equal(row, other) for other in bank) for row in rows.cpu())
+
+    # each minibatch (2 steps x 2) was re-scored once with the degraded copies, and twice with the
+    # originals (the current weights and the k3 KL's reference)
+    assert sum(is_in(call, degraded_rows) for call in shown) == 4
+    assert sum(is_in(call, original_rows) for call in shown) == 8
+
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert [m["perception_gamma"] for m in metrics] == pytest.approx(
+        [1e-4, 1e-4 * (1 + math.cos(math.pi / 2)) / 2]
+    )
+    assert all(math.isfinite(m["perception_k3"]) and m["perception_k3"] >= 0 for m in metrics)
+    assert metrics[0]["ratio"] == pytest.approx(1.0, abs=1e-6)  # on-policy first inner step
+    for key in ("reward_accuracy_mean", "reward_format_mean", "reward_repetition_mean", "ua_weight_mean"):
+        assert key in metrics[0]
+
+
+class Spy(torch.nn.Module):
+    def __init__(self, reward):
+        super().__init__()
+        self.reward, self.calls = reward, []
+
+    def forward(self, outputs, prompts, **metadata):
+        self.calls.append({"outputs": list(outputs), **metadata})
+        return self.reward(outputs, prompts, **metadata)
+
+
+def test_the_reward_gets_each_samples_mos_and_advantages_are_uncertainty_aware(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, "train.num_steps=1")
+    spy = trainer.reward = Spy(trainer.reward)
+    answers = [
+        "<think>sharp</think><answer>4.00</answer>",
+        "<think>sharp</think><answer>2.00</answer>",
+        "<answer>5</answer>",
+        "no answer",
+    ] * 2
+    original = trainer.policy.rollout
+
+    def scripted(*args, **kwargs):
+        trajectory = original(*args, **kwargs)
+        trajectory.completions = list(answers)
+        return trajectory
+
+    monkeypatch.setattr(trainer.policy, "rollout", scripted)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    rows, groups, _ = draw_indexed_groups(
+        len(trainer.prompts), 2, 4, step_generator(trainer.config.train.seed, 0)
+    )
+    mos = trainer.prompts.metadata["mos"][rows]
+    torch.testing.assert_close(spy.calls[-1]["mos"].cpu(), mos)
+    # reward by hand: accuracy + format + repetition
+    expected = torch.tensor(
+        [
+            math.exp(-abs(4.0 - m) / 0.3) + 0.8
+            if i % 4 == 0
+            else math.exp(-abs(2.0 - m) / 0.3) + 0.8
+            if i % 4 == 1
+            else math.exp(-abs(5.0 - m) / 0.3)
+            if i % 4 == 2
+            else 0.0
+            for i, m in enumerate(mos.tolist())
+        ]
+    )
+    torch.testing.assert_close(batch.rewards.cpu(), expected)
+    scores = torch.tensor([4.0, 2.0, 5.0, float("nan")] * 2)
+    torch.testing.assert_close(batch.global_scores, scores, equal_nan=True)
+    want = uncertainty_aware_advantages(batch.global_rewards, groups, scores)
+    torch.testing.assert_close(batch.advantages.cpu(), want)
+    # parsed scores 4, 2, 5: population variance 14/9 -> weight exp(-0.2 * 14/36)
+    assert batch.metrics["ua_weight_mean"] == pytest.approx(math.exp(-0.2 * 14 / 36), rel=1e-6)
+    assert batch.details["answer_unparsed"] == 2.0
+
+    trainer.strategy.config.q_hawkeye.uncertainty = False  # the ablation: plain GRPO advantages
+    trainer.strategy.assign_advantages(batch, trainer.rollout_context())
+    torch.testing.assert_close(
+        batch.advantages.cpu(), uncertainty_aware_advantages(batch.global_rewards, groups)
+    )
+
+
+def test_the_perception_term_needs_the_degraded_copy(tmp_path):
+    trainer = make_trainer(tmp_path, "train.num_steps=1")
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    plain = batch.trajectory.select(slice(0, 4))
+    swapped = degraded_trajectory(plain)
+    assert torch.equal(swapped.model_inputs["pixel_values"], plain.extras["degraded:pixel_values"])
+    assert torch.equal(swapped.input_ids, plain.input_ids)
+    plain.extras.clear()
+    loss = QHawkeyeLoss(trainer.config.train)
+    with pytest.raises(ValueError, match="degraded image"):
+        loss(trainer.policy, plain, 0, torch.zeros(4))
+
+
+def test_gamma_anneals_over_the_configured_steps(tmp_path):
+    config = load_recipe(TOY, ["train.num_steps=20", "train.q_hawkeye.perception_anneal_steps=10"]).train
+    loss = QHawkeyeLoss(config)
+    assert [loss.gamma(s) for s in (0, 5, 10, 15)] == pytest.approx([1e-4, 5e-5, 0.0, 0.0], abs=1e-12)
+    config = load_recipe(TOY, ["train.num_steps=20"]).train  # None: over the run
+    assert QHawkeyeLoss(config).gamma(10) == pytest.approx(5e-5)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.q_hawkeye.gama=1", "unknown config key 'gama' in train.q_hawkeye"),
+        ("train.q_hawkeye.perception_gamma=-1", "train.q_hawkeye.perception_gamma must be >= 0"),
+        ("train.q_hawkeye.score_max=0.5", "train.q_hawkeye.score_max 0.5 must exceed"),
+        ("train.q_hawkeye.perception_anneal_steps=-2", "train.q_hawkeye.perception_anneal_steps"),
+        ("train.strategy=groups", "train.method 'q_hawkeye' rolls out with train.strategy 'q_hawkeye'"),
+        ("model.family=sd", "train.method 'q_hawkeye' is for the 'language' family"),
+    ],
+)
+def test_bad_config_keys_give_a_one_line_error_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_recipe(TOY, [override])
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_perception_term_off_a_q_hawkeye_strategy_is_refused():
+    overrides = ["train.method=grpo", "train.strategy=groups"]
+    with pytest.raises(ConfigError, match="perception_gamma > 0 needs the degraded image"):
+        load_recipe(TOY, overrides)
+    assert load_recipe(TOY, [*overrides, "train.q_hawkeye.perception_gamma=0"]).train.loss == "q_hawkeye"
+
+
+def test_the_koniq_recipe_loads_with_the_official_settings():
+    config = load_recipe(KONIQ)
+    train, language = config.train, config.sampling.language
+    assert (train.group_size, train.learning_rate, train.lr_schedule, train.lr_warmup_steps) == (
+        4,
+        5e-6,
+        "cosine",
+        50,
+    )
+    assert (train.max_grad_norm, train.kl_coef, language.max_new_tokens, language.temperature) == (
+        0.1,
+        0.04,
+        2048,
+        1.0,
+    )
+    assert (train.q_hawkeye.perception_gamma, train.q_hawkeye.alpha, train.q_hawkeye.ratio_clip) == (
+        1e-4,
+        0.2,
+        False,
+    )
+    assert "3-D" in KONIQ.read_text().split("name:")[0]  # the header says Qwen2.5-VL cannot run yet
