@@ -7,6 +7,8 @@ ShapesEval verifier (DESIGN.md, "The offline world").
   caption parser.
 - ``prompts``: the fixed prompt sets (pretraining train / held-out; RL-train / RL-held-out inside
   the pretraining split; unseen combinations), scenes sampled for a prompt, JSONL files.
+- ``paraphrase`` / ``rewriter``: captions reworded with their specs kept (synonyms, word order,
+  verbose requests) and the toy prompt rewriter's recipe and measurements (PromptRL, issue #24).
 - ``detection`` / ``shapes_eval``: reading scenes back from pixels; checking specs, GenEval-style
   accuracy, and the ``shapes_eval`` reward (registered on import; :mod:`genalign.rewards` lists it
   lazily).

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.toy.captions import CATEGORIES, CaptionParseError, Spec, parse_caption, validate_spec
+from genalign.toy.captions import CATEGORIES, CaptionParseError, Spec, validate_spec
 from genalign.toy.detection import DetectedObject, ShapesEvalConfig, classify_shape, detect_objects
 from genalign.toy.scenes import POSITION_THRESHOLD, relative_position
 
@@ -223,7 +223,8 @@ class ShapesEvalReward(Reward):
     With ``partial=True`` the score is the fraction of atomic checks passed (presence/count,
     colour, position per include clause, one per exclude clause), which is 1.0 exactly when the
     image is correct. The spec comes from ``metadata["specs"]`` (dicts or ``PromptSpec`` s, one
-    per image) or, when absent, from parsing each prompt (``captions.parse_caption``). A prompt
+    per image) or, when absent, from parsing each prompt (``captions.parse_caption``, or
+    ``paraphrase.read_paraphrase`` for a paraphrased toy caption). A prompt
     outside the grammar scores 0.0 and is counted in ``details["unparsed_count"]``.
 
     Scores ``[B]`` in [0, 1]; ``details``: ``correct`` ``[B]`` (0/1), ``partial`` ``[B]``,
@@ -250,10 +251,12 @@ class ShapesEvalReward(Reward):
                 validate_spec(spec)
                 out.append(spec)
             return out
+        from genalign.toy.paraphrase import read_paraphrase  # lazily: paraphrase imports prompts
+
         parsed: list[Spec | None] = []
         for prompt in prompts:
             try:
-                parsed.append(parse_caption(prompt))
+                parsed.append(read_paraphrase(prompt))
             except CaptionParseError as error:
                 logger.debug("shapes_eval cannot parse %r: %s", prompt, error)
                 parsed.append(None)
