@@ -6,7 +6,9 @@ candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.to
 token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
 supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
 and prompt retention), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
-and perception term).
+and perception term), :mod:`.astrolabe` (Astrolabe's x0-space forward-process loss and old-policy
+update) and :mod:`.selective_kl` (its selective KL: rank disagreement, the adaptive fraction and the
+lagging reference's reset rule).
 
 Nothing here knows about models; every function takes and returns tensors (or plain Python
 state), so trainers compose them and tests check them against hand-computed numbers.
@@ -19,6 +21,17 @@ from genalign.algorithms.advantages import (
     clip_advantages,
     group_advantages,
     group_reward_statistics,
+)
+from genalign.algorithms.astrolabe import (
+    ASTROLABE_TIMESTEPS,
+    astrolabe_advantages,
+    astrolabe_loss,
+    astrolabe_old_policy_decay,
+    flow_forward_noise,
+    frame_timesteps,
+    masked_sample_mean,
+    sample_noise_level,
+    soft_update_,
 )
 from genalign.algorithms.b2diffurl import (
     PromptRewardHistory,
@@ -56,11 +69,42 @@ from genalign.algorithms.selection import (
     select_timesteps,
     select_timesteps_per_sample,
 )
+from genalign.algorithms.selective_kl import (
+    SelectiveKLConfig,
+    SelectiveKLState,
+    kl_selection_threshold,
+    observe_reference_kl,
+    rank_disagreement,
+    reset_reference_at_epoch,
+    reward_ranks,
+    select_kl_samples,
+    selective_kl_reward_names,
+    update_selection_fraction,
+)
 from genalign.algorithms.sft import SFT_AGGREGATIONS, next_token_loss
 from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
 from genalign.algorithms.token_ppo import TOKEN_AGGREGATIONS, aggregate_tokens, token_ppo_loss
 
 __all__ = [
+    "ASTROLABE_TIMESTEPS",
+    "astrolabe_advantages",
+    "astrolabe_loss",
+    "astrolabe_old_policy_decay",
+    "flow_forward_noise",
+    "frame_timesteps",
+    "masked_sample_mean",
+    "sample_noise_level",
+    "soft_update_",
+    "SelectiveKLConfig",
+    "SelectiveKLState",
+    "reset_reference_at_epoch",
+    "kl_selection_threshold",
+    "observe_reference_kl",
+    "rank_disagreement",
+    "reward_ranks",
+    "select_kl_samples",
+    "selective_kl_reward_names",
+    "update_selection_fraction",
     "GENEVAL_TEMPLATE",
     "extract_answer",
     "format_rewards",

@@ -13,7 +13,8 @@ and the loss weighs the two by the optimality probability r in [0, 1] of each sa
     L = r ||v+ - v*||^2 + (1 - r) ||v- - v*||^2,      r = clip(A, -c, c) / (2c) + 1/2
 
 Adaptive weighting (Sec. 4 and the official code): each squared error is taken in x0-prediction
-space and divided by its own stop-gradient mean absolute error; the loss is multiplied by c / beta.
+space and divided by its own stop-gradient mean absolute error; the loss is multiplied by c / beta
+(``clip_over_beta``; Astrolabe's trainer, :mod:`.astrolabe`, turns both off).
 The old policy's soft update theta_old <- eta_i theta_old + (1 - eta_i) theta uses
 eta_i = min(rate * max(i - flat, 0), max) after i optimiser steps (Sec. 4, "soft update"; the
 official code's ``return_decay`` with ``decay_type=1``).
@@ -64,8 +65,8 @@ def nft_loss(
         advantages: ``[B]`` group advantages.
         **options: ``beta`` (1.0), ``advantage_clip`` (5.0), ``adaptive_weighting`` (True: divide
             each x0-space squared error by its stop-gradient mean absolute error, the official
-            code; False gives the plain velocity losses of eq. 8) and ``weight_min`` (1e-5), as
-            :func:`nft_loss_in_x0` takes them.
+            code; False gives the plain velocity losses of eq. 8), ``weight_min`` (1e-5) and
+            ``clip_over_beta`` (True), as :func:`nft_loss_in_x0` takes them.
     """
     t_b = t.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.dtype)
     v_old = v_old.detach()
@@ -93,6 +94,7 @@ def nft_loss_in_x0(
     advantage_clip: float = 5.0,
     adaptive_weighting: bool = True,
     weight_min: float = 1e-5,
+    clip_over_beta: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-sample DiffusionNFT loss ``[B]`` in any parameterisation (module docstring).
 
@@ -100,6 +102,7 @@ def nft_loss_in_x0(
     what the denoiser regresses there; ``x0_theta`` / ``x0_old``: the one-step x0 predictions
     those outputs imply, which must be affine in the output (true of every diffusion and flow
     parameterisation), so that the implicit policies' predictions are the same mixtures (eq. 7).
+    ``clip_over_beta`` multiplies the loss by ``advantage_clip / beta`` (the official NFT code).
     """
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
@@ -119,7 +122,9 @@ def nft_loss_in_x0(
         out_negative = (1 + beta) * out_old - beta * out_theta
         positive = ((out_positive - target) ** 2).mean(dims)
         negative = ((out_negative - target) ** 2).mean(dims)
-    loss = (r * positive + (1 - r) * negative) * (advantage_clip / beta)
+    loss = r * positive + (1 - r) * negative
+    if clip_over_beta:
+        loss = loss * (advantage_clip / beta)
     info = {
         "nft_positive_loss": positive.detach().mean(),
         "nft_negative_loss": negative.detach().mean(),
