@@ -146,6 +146,34 @@ class RolloutBatch:
     global_group_ids: torch.Tensor | None = None
     global_prompts: list[str] | None = None
 
+    @classmethod
+    def of_groups(
+        cls,
+        context: RolloutContext,
+        trajectory: Trajectory | TokenTrajectory,
+        rewards: torch.Tensor,
+        details: dict[str, Any],
+        rows: torch.Tensor,
+        prompts: list[str],
+        group_ids: torch.Tensor,
+        **fields: Any,
+    ) -> RolloutBatch:
+        """The batch of a strategy that draws groups of one prompt: this process's ``rows`` of the
+        global ``prompts`` and ``group_ids``, the rewards gathered over processes, advantages still
+        to be assigned; ``fields`` sets the rest (``metrics``, a subclass's own)."""
+        return cls(
+            trajectory=trajectory,
+            rewards=rewards,
+            advantages=torch.zeros_like(rewards),
+            global_index=rows,
+            global_batch_size=len(prompts),
+            global_rewards=context.gather(rewards).cpu(),
+            details=details,
+            global_group_ids=group_ids,
+            global_prompts=prompts,
+            **fields,
+        )
+
 
 def draw_prompt_groups(
     pool: list[str], prompts_per_step: int, group_size: int, generator: torch.Generator

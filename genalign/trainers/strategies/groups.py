@@ -58,17 +58,7 @@ class GroupRolloutStrategy(RolloutStrategy):
             trajectory = context.policy.rollout(local_prompts, seeds=seeds[rows], **context.rollout_kwargs())
         trajectory.group_ids = group_ids[rows]
         rewards, details = context.score(trajectory)
-        return RolloutBatch(
-            trajectory=trajectory,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),
-            global_index=rows,
-            global_batch_size=len(prompts),
-            global_rewards=context.gather(rewards).cpu(),
-            details=details,
-            global_group_ids=group_ids,
-            global_prompts=prompts,
-        )
+        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
         advantages = self.advantages(batch.global_rewards, batch.global_prompts, batch.global_group_ids)

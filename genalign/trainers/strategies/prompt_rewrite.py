@@ -108,15 +108,4 @@ class PromptRewriteStrategy(GroupRolloutStrategy):
             "task_reward": float(context.gather(task).mean()),
             "rewrite_tokens": float(context.gather(tokens)[~retained.to(context.device)].mean()),
         }
-        return RolloutBatch(
-            trajectory=trajectory,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),
-            global_index=rows,
-            global_batch_size=len(prompts),
-            global_rewards=context.gather(rewards).cpu(),
-            details=details,
-            metrics=metrics,
-            global_group_ids=group_ids,
-            global_prompts=prompts,
-        )
+        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids, metrics=metrics)

@@ -110,18 +110,7 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         scores = torch.tensor([float("nan") if p is None else p for p in parsed], dtype=torch.float32)
         global_scores = context.gather(scores.to(context.device)).cpu()
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
-        return QualityRolloutBatch(
-            trajectory=trajectory,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),
-            global_index=rows,
-            global_batch_size=len(prompts),
-            global_rewards=context.gather(rewards).cpu(),
-            details=details,
-            global_group_ids=group_ids,
-            global_prompts=prompts,
-            global_scores=global_scores,
-        )
+        return QualityRolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids, global_scores=global_scores)
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
         options = self.config.q_hawkeye

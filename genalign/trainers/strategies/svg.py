@@ -96,17 +96,7 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             reward_metadata["reference_svgs"] = metadata["reference_svgs"]
         rewards, details = context.score(trajectory, outputs=svgs, **reward_metadata)
         details.update(self._counts(context, found, details, len(prompts)))
-        return RolloutBatch(
-            trajectory=trajectory,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),
-            global_index=rows,
-            global_batch_size=len(prompts),
-            global_rewards=context.gather(rewards).cpu(),
-            details=details,
-            global_group_ids=group_ids,
-            global_prompts=prompts,
-        )
+        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)
 
     @staticmethod
     def _counts(
