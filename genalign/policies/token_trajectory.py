@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from genalign.policies.trajectory import batch_positions
+
 __all__ = ["TokenSettings", "TokenTrajectory"]
 
 
@@ -111,12 +113,7 @@ class TokenTrajectory:
     def select(self, index: torch.Tensor | list[int] | slice) -> TokenTrajectory:
         """The sub-batch at ``index`` (a slice, index list or boolean mask over B); the padded
         lengths P and L are kept, so every row's tensors are unchanged."""
-        if isinstance(index, slice):
-            positions = list(range(self.batch_size))[index]
-        elif torch.is_tensor(index) and index.dtype == torch.bool:
-            positions = index.nonzero().flatten().tolist()
-        else:
-            positions = [int(i) for i in (index.tolist() if torch.is_tensor(index) else index)]
+        positions = batch_positions(index, self.batch_size)
         rows = torch.tensor(positions, dtype=torch.long)
 
         def take(value: Any) -> Any:

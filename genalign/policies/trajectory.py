@@ -8,6 +8,16 @@ from typing import Any
 import torch
 
 
+def batch_positions(index: torch.Tensor | list[int] | slice, batch_size: int) -> list[int]:
+    """The row positions a ``select`` index names: a slice, an index list or tensor, or a boolean
+    mask over the ``batch_size`` rows."""
+    if isinstance(index, slice):
+        return list(range(batch_size))[index]
+    if torch.is_tensor(index) and index.dtype == torch.bool:
+        return index.nonzero().flatten().tolist()
+    return [int(i) for i in (index.tolist() if torch.is_tensor(index) else index)]
+
+
 @dataclass(frozen=True)
 class RolloutSettings:
     """Sampling settings a trajectory was drawn with; log-prob recomputation reuses them exactly.
@@ -107,12 +117,7 @@ class Trajectory:
 
     def select(self, index: torch.Tensor | list[int] | slice) -> Trajectory:
         """The sub-batch at ``index`` (a slice, index list or boolean mask over B)."""
-        if isinstance(index, slice):
-            positions = list(range(self.batch_size))[index]
-        elif torch.is_tensor(index) and index.dtype == torch.bool:
-            positions = index.nonzero().flatten().tolist()
-        else:
-            positions = [int(i) for i in (index.tolist() if torch.is_tensor(index) else index)]
+        positions = batch_positions(index, self.batch_size)
         rows = torch.tensor(positions, dtype=torch.long)
 
         def take(value: Any) -> Any:

@@ -54,17 +54,7 @@ class RewriteThenDraw(GroupRolloutStrategy):
             {"generator": images, "rewriter": rewrites}, "generator", local, group_ids[rows], seeds[rows]
         )
         rewards, details = context.score(trajectory)
-        return RolloutBatch(
-            trajectory=trajectory,
-            rewards=rewards,
-            advantages=torch.zeros_like(rewards),
-            global_index=rows,
-            global_batch_size=len(prompts),
-            global_rewards=context.gather(rewards).cpu(),
-            details=details,
-            global_group_ids=group_ids,
-            global_prompts=prompts,
-        )
+        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)
 
 
 class Recording:
