@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,10 +45,12 @@ from genalign.toy.evaluation import (
     DEFAULT_EVAL_IMAGES,
     EVAL_SETS,
     HEADLINE,
+    RewardChange,
     SetEvaluation,
     eval_set_for_images,
     evaluate_policy,
     heldout_eval_set,
+    reward_change,
 )
 from genalign.toy.prompts import PromptSpec, prompts_for
 
@@ -74,13 +77,21 @@ __all__ = [
 
 @dataclass
 class HackingCheck:
-    """Effect sizes of the learned reward and of the verifier over training (see module docs)."""
+    """Effect sizes of the learned reward and of the verifier over training (see module docs).
+
+    ``reward_effect_within``: the reward's change in units of the within-group std at the start
+    (the unit group advantages divide by; NaN without a ``group_reward_std`` metric);
+    ``fixed_seed``: the reward on the RL-train evaluation images, the same prompts and seeds
+    before and after (set by :func:`run_demo`; None until then).
+    """
 
     reward_effect: float
     verifier_effect: float
     heldout_change: float
     window: int
     verdict: str
+    reward_effect_within: float = math.nan
+    fixed_seed: RewardChange | None = None
 
 
 def _window_mean(values: list[float], window: int, last: bool) -> float:
@@ -120,6 +131,8 @@ def hacking_check(
 
     reward_effect = effect(reward, reward_std)
     verifier_effect = effect(verifier, verifier_std)
+    within = [m.get("group_reward_std", math.nan) for m in steps]
+    reward_effect_within = effect(reward, within) if all(v == v for v in within) else math.nan
     heldout_change = heldout_after - heldout_before
     if reward_effect <= 0.1:
         verdict = "the learned reward did not rise; nothing to judge"
@@ -140,7 +153,7 @@ def hacking_check(
         )
     else:
         verdict = "reward hacking: the learned reward rose while the verifier or the held-out score did not"
-    return HackingCheck(reward_effect, verifier_effect, heldout_change, window, verdict)
+    return HackingCheck(reward_effect, verifier_effect, heldout_change, window, verdict, reward_effect_within)
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -279,9 +292,14 @@ def demo_summary(
     summary: dict[str, Any] = {"headline": HEADLINE, "ci_method": CI_METHOD}
     for evaluation in evaluations.values():
         summary.update(evaluation.summary())
+    if hacking.fixed_seed is not None:
+        summary.update(hacking.fixed_seed.summary("rl_train_reward"))
     summary.update(
         {
             "reward_effect": hacking.reward_effect,
+            "reward_effect_within_prompt": None
+            if math.isnan(hacking.reward_effect_within)
+            else hacking.reward_effect_within,
             "verifier_effect": hacking.verifier_effect,
             "verdict": hacking.verdict,
             "rl_heldout_curve": [list(point) for point in heldout_curve],
@@ -389,7 +407,12 @@ def write_report(
         f"Effect sizes over training (mean of the last {hacking.window} steps minus the first {hacking.window}, "
         "in units of the across-sample std at the start):",
         "",
-        f"- learned reward: **{hacking.reward_effect:+.2f}** sd",
+        f"- learned reward: **{hacking.reward_effect:+.2f}** sd"
+        + (
+            f" ({hacking.reward_effect_within:+.2f} in units of the within-group std at the start)"
+            if not math.isnan(hacking.reward_effect_within)
+            else ""
+        ),
         f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
         f"- RL-held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
@@ -405,6 +428,8 @@ def write_report(
             f"{_window_mean(rewards, w, last=True):.4f}.",
             "",
         ]
+    if hacking.fixed_seed is not None:
+        lines += _fixed_seed_lines(hacking.fixed_seed, evaluations["rl_train"], oracle)
     lines += [
         f"Verdict: {hacking.verdict}.",
         "",
@@ -418,6 +443,19 @@ def write_report(
     summary = demo_summary(evaluations, hacking, heldout_curve, seconds, oracle, leaks)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return report
+
+
+def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
+    """The reward on the RL-train evaluation images: no rollout noise, the same seeds before and after."""
+    within = "n/a" if math.isnan(change.within_std) else f"{change.change / change.within_std:+.2f}"
+    return [
+        f"The {'reward' if oracle else 'learned reward'} on the {len(evaluation.items)} RL-train evaluation "
+        f"images (the same prompts and seeds before and after): {change.before:.4f} → {change.after:.4f}, "
+        f"change {change.change:+.4f} (95% CI [{change.low:+.4f}, {change.high:+.4f}]) = "
+        f"**{change.effect:+.2f}** starting sd across images ({change.start_std:.4f}), "
+        f"{within} within-prompt sd ({change.within_std:.4f}).",
+        "",
+    ]
 
 
 def _change_text(change: float, low: float, high: float) -> str:
@@ -507,7 +545,7 @@ def run_demo(
     evaluations: dict[str, SetEvaluation] = {}
     for name, items in item_sets.items():
         after, images_after = evaluate_policy(trainer.policy, items, sampling)
-        keep = name == HEADLINE  # the report's image grid shows the headline set only
+        keep = name in (HEADLINE, "rl_train")  # the grid shows the headline; rl_train is re-scored
         evaluations[name] = SetEvaluation(
             name,
             items,
@@ -520,6 +558,10 @@ def run_demo(
     headline = evaluations[HEADLINE]
     curve.append((config.train.num_steps, headline.after["overall"]))
     hacking = hacking_check(history, headline.before["overall"], headline.after["overall"])
+    train_set = evaluations["rl_train"]
+    hacking.fixed_seed = reward_change(
+        trainer.reward, train_set.items, train_set.images_before, train_set.images_after
+    )
     if oracle is not None:
         hacking.verdict = ORACLE_VERDICT
     seconds = time.perf_counter() - start

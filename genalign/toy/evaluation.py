@@ -240,3 +240,86 @@ def _points(change: float, low: float, high: float) -> str:
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+# -- the learned reward on the same images ------------------------------------------------------------
+
+
+@dataclass
+class RewardChange:
+    """A reward's scores on one evaluation set before and after training (same prompts and seeds).
+
+    ``start_std``: the across-image std of the scores before training (ddof 1); ``within_std``:
+    the pooled within-prompt std before training (the spread among seeds of one prompt, the unit
+    group advantages divide by; NaN when no prompt has two images); ``change`` and its paired 95%
+    interval ``low`` / ``high`` (stratified by category, :func:`paired_change_interval`).
+    """
+
+    before: float
+    after: float
+    start_std: float
+    within_std: float
+    change: float
+    low: float
+    high: float
+
+    @property
+    def effect(self) -> float:
+        """The change in units of the starting across-image std."""
+        return self.change / self.start_std if self.start_std > 0 else 0.0
+
+    def summary(self, prefix: str) -> dict[str, Any]:
+        return {
+            f"{prefix}_before": self.before,
+            f"{prefix}_after": self.after,
+            f"{prefix}_change": self.change,
+            f"{prefix}_ci": [_finite_or_none(self.low), _finite_or_none(self.high)],
+            f"{prefix}_start_std": self.start_std,
+            f"{prefix}_within_prompt_std": _finite_or_none(self.within_std),
+            f"{prefix}_effect_sd": self.effect,
+        }
+
+
+def pooled_within_std(scores: Sequence[float], groups: Sequence[str]) -> float:
+    """sqrt(Σ_g Σ_i (x_gi - mean_g)² / Σ_g (n_g - 1)) over the groups with two or more scores."""
+    values = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(groups)
+    squares, dof = 0.0, 0
+    for group in dict.fromkeys(groups):
+        x = values[labels == group]
+        if len(x) > 1:
+            squares += float(((x - x.mean()) ** 2).sum())
+            dof += len(x) - 1
+    return math.sqrt(squares / dof) if dof else math.nan
+
+
+@torch.no_grad()
+def reward_change(
+    reward: Any,
+    items: Sequence[tuple[PromptSpec, int]],
+    images_before: torch.Tensor,
+    images_after: torch.Tensor,
+    batch_size: int = 64,
+) -> RewardChange:
+    """Score the same (prompt, seed) pairs' images before and after training with ``reward`` (a
+    :class:`genalign.rewards.Reward`; called as ``reward(images, prompts).scores``)."""
+    prompts = [prompt.caption for prompt, _ in items]
+
+    def scores(images: torch.Tensor) -> list[float]:
+        out: list[float] = []
+        for start in range(0, len(prompts), batch_size):
+            chunk = images[start : start + batch_size]
+            out += reward(chunk, prompts[start : start + batch_size]).scores.float().cpu().tolist()
+        return out
+
+    before, after = scores(images_before), scores(images_after)
+    change, low, high = paired_change_interval(before, after, [prompt.category for prompt, _ in items])
+    return RewardChange(
+        before=float(np.mean(before)),
+        after=float(np.mean(after)),
+        start_std=float(np.std(before, ddof=1)) if len(before) > 1 else 0.0,
+        within_std=pooled_within_std(before, prompts),
+        change=change,
+        low=low,
+        high=high,
+    )

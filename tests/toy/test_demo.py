@@ -23,6 +23,7 @@ from genalign.toy.demo import (
 from genalign.toy.evaluation import (
     DEFAULT_EVAL_IMAGES,
     EVAL_SETS,
+    RewardChange,
     SetEvaluation,
     eval_set,
     eval_set_for_images,
@@ -141,6 +142,7 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     ]
     evaluations = _fake_evaluations()
     hacking = HackingCheck(2.0, 0.1, 0.5, 1, "reward hacking: test")
+    hacking.fixed_seed = RewardChange(0.5, 0.6, 0.2, 0.1, 0.1, 0.05, 0.15)
     curve = [(0, 0.5), (3, 1.0)]
     report = write_report(
         tmp_path, config, history, evaluations, hacking, curve, 60.0, leaks={"rl_heldout": 3}
@@ -156,6 +158,8 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     # what the verifier saw, over the hacking check's windows (window 1: first and last step)
     assert "What the verifier saw on the training rollouts: 25.0% (mean of the first 1 steps) → 75.0%" in text
     assert "the learned reward 0.4000 → 0.6000" in text
+    assert "RL-train evaluation images (the same prompts and seeds before and after): 0.5000 → 0.6000" in text
+    assert "**+0.50** starting sd across images (0.2000), +1.00 within-prompt sd (0.1000)" in text
     headline = evaluations["rl_heldout"]
     change, low, high = headline.interval()
     assert f"{100 * change:+.1f} points, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}]" in text
@@ -173,6 +177,8 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     assert summary["headline"] == "rl_heldout" and summary["rl_heldout_curve"] == [[0, 0.5], [3, 1.0]]
     assert summary["trained_on_evaluation_prompts"] == {"rl_heldout": 3}
     assert summary["verdict"] == "reward hacking: test"
+    assert summary["rl_train_reward_effect_sd"] == pytest.approx(0.5)
+    assert summary["rl_train_reward_ci"] == pytest.approx([0.05, 0.15])
 
 
 def test_training_prompts_that_are_evaluation_prompts_are_counted():

@@ -1,0 +1,81 @@
+"""The demo's fixed-seed measure of the learned reward: the same images' scores before and after."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from genalign.rewards.base import Reward, RewardOutput
+from genalign.toy.demo import HackingCheck, demo_summary, hacking_check
+from genalign.toy.evaluation import eval_set, paired_change_interval, pooled_within_std, reward_change
+
+
+class MeanBrightness(Reward):
+    """A reward that is the image's mean pixel: known scores for known images."""
+
+    name = "mean_brightness"
+
+    def score(self, images, prompts, **metadata):
+        return RewardOutput(images.float().mean(dim=(1, 2, 3)))
+
+
+def test_pooled_within_std_matches_a_hand_computation():
+    scores = [1.0, 3.0, 10.0, 10.0, 16.0, 7.0]
+    groups = ["a", "a", "b", "b", "b", "c"]  # c has one score: no within-prompt information
+    # a: mean 2, squares 2; b: mean 12, squares 4 + 4 + 16 = 24; dof 1 + 2
+    assert pooled_within_std(scores, groups) == pytest.approx(math.sqrt(26 / 3))
+    assert math.isnan(pooled_within_std([1.0, 2.0], ["a", "b"]))
+
+
+def test_reward_change_scores_the_same_images_before_and_after():
+    items = eval_set("rl_train", images_per_category=4)
+    n = len(items)
+    generator = torch.Generator().manual_seed(0)
+    levels_before = torch.rand(n, generator=generator)
+    levels_after = (levels_before + 0.25).clamp(max=1.0)
+    before = levels_before.view(n, 1, 1, 1).expand(n, 3, 8, 8).clone()
+    after = levels_after.view(n, 1, 1, 1).expand(n, 3, 8, 8).clone()
+    change = reward_change(MeanBrightness(), items, before, after, batch_size=5)
+    b, a = levels_before.double().numpy(), levels_after.double().numpy()
+    assert change.before == pytest.approx(b.mean(), abs=1e-6)
+    assert change.after == pytest.approx(a.mean(), abs=1e-6)
+    assert change.start_std == pytest.approx(b.std(ddof=1), abs=1e-6)
+    expected = paired_change_interval(b, a, [p.category for p, _ in items])
+    assert (change.change, change.low, change.high) == pytest.approx(expected, abs=1e-6)
+    assert change.effect == pytest.approx(change.change / change.start_std)
+    prompts = [p.caption for p, _ in items]
+    assert change.within_std == pytest.approx(pooled_within_std(b, prompts), abs=1e-6) or (
+        math.isnan(change.within_std) and math.isnan(pooled_within_std(b, prompts))
+    )
+    summary = change.summary("rl_train_reward")
+    assert summary["rl_train_reward_effect_sd"] == pytest.approx(change.effect)
+    assert all(np.isfinite(v) for k, v in summary.items() if k.endswith(("_before", "_after", "_change")))
+
+
+def test_hacking_check_reports_the_within_group_effect():
+    history = [
+        {"step": i, "reward_mean": r, "reward_std": 0.4, "group_reward_std": 0.2, "monitor_shapes_eval": 0.5}
+        for i, r in enumerate([0.2, 0.3, 0.4, 0.5, 0.6])
+    ]
+    check = hacking_check(history, 0.4, 0.5)
+    # window 1: (0.6 - 0.2) / 0.4 across samples, / 0.2 within groups
+    assert check.reward_effect == pytest.approx(1.0)
+    assert check.reward_effect_within == pytest.approx(2.0)
+    for row in history:
+        del row["group_reward_std"]
+    assert math.isnan(hacking_check(history, 0.4, 0.5).reward_effect_within)
+
+
+def test_summary_carries_the_fixed_seed_reward_change():
+    items = eval_set("rl_train", images_per_category=2)
+    n = len(items)
+    images = torch.rand(n, 3, 8, 8)
+    check = HackingCheck(1.0, 0.5, 0.1, 1, "test", reward_effect_within=2.0)
+    check.fixed_seed = reward_change(MeanBrightness(), items, images, images * 0.5)
+    summary = demo_summary({}, check, [(0, 0.1)], 1.0)
+    assert summary["reward_effect_within_prompt"] == 2.0
+    assert summary["rl_train_reward_change"] < 0
+    assert summary["rl_train_reward_before"] == pytest.approx(images.mean().item(), abs=1e-6)
