@@ -16,141 +16,45 @@ state), so trainers compose them and tests check them against hand-computed numb
 
 from __future__ import annotations
 
-from genalign.algorithms.advantages import (
-    PerPromptStatTracker,
-    clip_advantages,
-    group_advantages,
-    group_reward_statistics,
-)
-from genalign.algorithms.astrolabe import (
-    ASTROLABE_TIMESTEPS,
-    astrolabe_advantages,
-    astrolabe_loss,
-    astrolabe_old_policy_decay,
-    flow_forward_noise,
-    frame_timesteps,
-    masked_sample_mean,
-    sample_noise_level,
-    soft_update_,
-)
-from genalign.algorithms.b2diffurl import (
-    PromptRewardHistory,
-    branch_advantages,
-    select_in_branch_groups,
-    split_step_at,
-    train_window,
-)
-from genalign.algorithms.kl import estimate_kl, gaussian_step_kl, kl_k1, kl_k2, kl_k3
-from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
-from genalign.algorithms.nft import nft_loss, nft_loss_in_x0, nft_old_policy_decay, optimality_probability
-from genalign.algorithms.prompt_rewrite import (
-    GENEVAL_TEMPLATE,
-    extract_answer,
-    format_rewards,
-    refine_prompts,
-    retained_format_rewards,
-    retained_rows,
-)
-from genalign.algorithms.q_hawkeye import (
-    accuracy_reward,
-    cosine_annealed,
-    format_reward,
-    parse_answer_score,
-    perception_k3,
-    perception_term,
-    repetition_penalty,
-    score_uncertainty_weights,
-    uncertainty_aware_advantages,
-)
-from genalign.algorithms.refl import refl_objective
-from genalign.algorithms.rwr import rwr_weights
-from genalign.algorithms.selection import (
-    num_selected_timesteps,
-    select_timesteps,
-    select_timesteps_per_sample,
-)
-from genalign.algorithms.selective_kl import (
-    SelectiveKLConfig,
-    SelectiveKLState,
-    kl_selection_threshold,
-    observe_reference_kl,
-    rank_disagreement,
-    reset_reference_at_epoch,
-    reward_ranks,
-    select_kl_samples,
-    selective_kl_reward_names,
-    update_selection_fraction,
-)
-from genalign.algorithms.sft import SFT_AGGREGATIONS, next_token_loss
-from genalign.algorithms.sol_rl import ranking_fidelity, select_candidates
-from genalign.algorithms.token_ppo import TOKEN_AGGREGATIONS, aggregate_tokens, token_ppo_loss
+from importlib import import_module
 
+from genalign.algorithms.advantages import *  # noqa: F403
+from genalign.algorithms.astrolabe import *  # noqa: F403
+from genalign.algorithms.b2diffurl import *  # noqa: F403
+from genalign.algorithms.kl import *  # noqa: F403
+from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
+from genalign.algorithms.nft import *  # noqa: F403
+from genalign.algorithms.prompt_rewrite import *  # noqa: F403
+from genalign.algorithms.q_hawkeye import *  # noqa: F403
+from genalign.algorithms.refl import *  # noqa: F403
+from genalign.algorithms.rwr import *  # noqa: F403
+from genalign.algorithms.selection import *  # noqa: F403
+from genalign.algorithms.selective_kl import *  # noqa: F403
+from genalign.algorithms.sft import *  # noqa: F403
+from genalign.algorithms.sol_rl import *  # noqa: F403
+from genalign.algorithms.token_ppo import *  # noqa: F403
+
+# Each re-exported module's public names, written once (its ``__all__``); ``losses`` keeps
+# ``clip_bounds`` to itself.
+_REEXPORTED = (
+    "advantages",
+    "astrolabe",
+    "b2diffurl",
+    "kl",
+    "nft",
+    "prompt_rewrite",
+    "q_hawkeye",
+    "refl",
+    "rwr",
+    "selection",
+    "selective_kl",
+    "sft",
+    "sol_rl",
+    "token_ppo",
+)
 __all__ = [
-    "ASTROLABE_TIMESTEPS",
-    "astrolabe_advantages",
-    "astrolabe_loss",
-    "astrolabe_old_policy_decay",
-    "flow_forward_noise",
-    "frame_timesteps",
-    "masked_sample_mean",
-    "sample_noise_level",
-    "soft_update_",
-    "SelectiveKLConfig",
-    "SelectiveKLState",
-    "reset_reference_at_epoch",
-    "kl_selection_threshold",
-    "observe_reference_kl",
-    "rank_disagreement",
-    "reward_ranks",
-    "select_kl_samples",
-    "selective_kl_reward_names",
-    "update_selection_fraction",
-    "GENEVAL_TEMPLATE",
-    "extract_answer",
-    "format_rewards",
-    "refine_prompts",
-    "retained_format_rewards",
-    "retained_rows",
-    "SFT_AGGREGATIONS",
-    "next_token_loss",
-    "PerPromptStatTracker",
-    "PromptRewardHistory",
-    "branch_advantages",
-    "nft_loss",
-    "nft_loss_in_x0",
-    "nft_old_policy_decay",
-    "optimality_probability",
-    "ranking_fidelity",
-    "refl_objective",
-    "rwr_weights",
-    "select_candidates",
-    "select_in_branch_groups",
-    "split_step_at",
-    "train_window",
-    "clip_advantages",
-    "estimate_kl",
-    "gaussian_step_kl",
-    "group_advantages",
-    "group_reward_statistics",
-    "kl_k1",
-    "kl_k2",
-    "kl_k3",
-    "num_selected_timesteps",
+    *(name for module in _REEXPORTED for name in import_module(f"{__name__}.{module}").__all__),
     "ppo_clip_loss",
     "reduce_log_prob",
     "score_function_loss",
-    "select_timesteps",
-    "select_timesteps_per_sample",
-    "TOKEN_AGGREGATIONS",
-    "aggregate_tokens",
-    "token_ppo_loss",
-    "accuracy_reward",
-    "cosine_annealed",
-    "format_reward",
-    "parse_answer_score",
-    "perception_k3",
-    "perception_term",
-    "repetition_penalty",
-    "score_uncertainty_weights",
-    "uncertainty_aware_advantages",
 ]

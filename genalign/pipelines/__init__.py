@@ -39,52 +39,13 @@ _EXPORTS = {
     "MODEL_FAMILIES": "families",
 }
 
-__all__ = [
-    "MODEL_FAMILIES",
-    "RENO_REWARD_WEIGHTS",
-    "RLGFluxPipeline",
-    "RLGPipeline",
-    "RLGPipelineOutput",
-    "RLGSanaPipeline",
-    "RLGStableDiffusion3Pipeline",
-    "RLGStableDiffusionPipeline",
-    "RLGStableDiffusionXLPipeline",
-    "ReNOFluxPipeline",
-    "ReNOPipeline",
-    "ReNOPipelineOutput",
-    "ReNOPixArtAlphaPipeline",
-    "ReNOStableDiffusionPipeline",
-    "ReNOStableDiffusionXLPipeline",
-    "apply_guidance",
-    "build_reward_ensemble",
-    "norm_regularizer",
-    "rlg_combine",
-]
+__all__ = sorted(_EXPORTS)  # exported lazily: importing genalign.pipelines loads no diffusers pipeline
 
-if TYPE_CHECKING:
-    from genalign.pipelines.families import MODEL_FAMILIES
-    from genalign.pipelines.guidance import apply_guidance
-    from genalign.pipelines.reno import (
-        RENO_REWARD_WEIGHTS,
-        ReNOFluxPipeline,
-        ReNOPipeline,
-        ReNOPipelineOutput,
-        ReNOPixArtAlphaPipeline,
-        ReNOStableDiffusionPipeline,
-        ReNOStableDiffusionXLPipeline,
-        build_reward_ensemble,
-        norm_regularizer,
-    )
-    from genalign.pipelines.rlg import (
-        RLGFluxPipeline,
-        RLGPipeline,
-        RLGPipelineOutput,
-        RLGSanaPipeline,
-        RLGStableDiffusion3Pipeline,
-        RLGStableDiffusionPipeline,
-        RLGStableDiffusionXLPipeline,
-        rlg_combine,
-    )
+if TYPE_CHECKING:  # the same names, for type checkers
+    from genalign.pipelines.families import MODEL_FAMILIES as MODEL_FAMILIES
+    from genalign.pipelines.guidance import apply_guidance as apply_guidance
+    from genalign.pipelines.reno import *  # noqa: F403
+    from genalign.pipelines.rlg import *  # noqa: F403
 
 
 def __getattr__(name: str) -> Any:

@@ -214,18 +214,27 @@ def _kl_vae(flow: bool = False) -> AutoencoderKL:
     )
 
 
-def _sd_unet(sample_size: int, cross_attention_dim: int, **extra: object) -> UNet2DConditionModel:
-    """A two-level conditional UNet (8/16 channels, one cross-attention level)."""
+def two_level_unet(
+    sample_size: int,
+    cross_attention_dim: int,
+    block_out_channels: tuple[int, int] = (8, 16),
+    norm_num_groups: int = 4,
+    attention_head_dim: int = 4,
+    **extra: object,
+) -> UNet2DConditionModel:
+    """A two-level conditional SD-layout UNet (4 latent channels, one layer per block, cross-
+    attention at the lower level): by default the tiny one (8/16 channels); the toy generators'
+    (:func:`genalign.toy.generators.build.build_unet`) is a wider one."""
     return UNet2DConditionModel(
         sample_size=sample_size,
         in_channels=4,
         out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        block_out_channels=(8, 16),
+        block_out_channels=block_out_channels,
         layers_per_block=1,
-        norm_num_groups=4,
-        attention_head_dim=4,
+        norm_num_groups=norm_num_groups,
+        attention_head_dim=attention_head_dim,
         cross_attention_dim=cross_attention_dim,
         **extra,
     )
@@ -278,7 +287,7 @@ def sd_pipeline(
     with _seeded(seed):
         pipe = _sd_layout_pipeline(
             StableDiffusionPipeline,
-            lambda: _sd_unet(sample_size, cross_attention_dim=32),
+            lambda: two_level_unet(sample_size, cross_attention_dim=32),
             SD_SCHEDULERS[scheduler](prediction_type=prediction_type),
         )
     return _finish(pipe, save_to)
@@ -295,7 +304,7 @@ def sdxl_pipeline(
     Images are ``4 * sample_size`` px (32 by default). 164k parameters, 0.7 MB saved.
     """
     with _seeded(seed):
-        unet = _sd_unet(
+        unet = two_level_unet(
             sample_size,
             cross_attention_dim=64,
             addition_embed_type="text_time",
@@ -499,7 +508,7 @@ def lcm_pipeline(
     with _seeded(seed):
         pipe = _sd_layout_pipeline(
             LatentConsistencyModelPipeline,
-            lambda: _sd_unet(sample_size, cross_attention_dim=32, time_cond_proj_dim=32),
+            lambda: two_level_unet(sample_size, cross_attention_dim=32, time_cond_proj_dim=32),
             LCMScheduler(**_SD_BETAS, clip_sample=False, set_alpha_to_one=False),
         )
     return _finish(pipe, save_to)

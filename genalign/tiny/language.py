@@ -34,7 +34,7 @@ from transformers import (
 
 from genalign.tiny.tokenizers import QWEN_STYLE_CHAT_TEMPLATE, train_bpe_tokenizer
 
-__all__ = ["chat_tokenizer", "llava_vlm", "qwen2_lm"]
+__all__ = ["chat_tokenizer", "llava_vlm", "qwen2_config", "qwen2_lm"]
 
 IMAGE_TOKEN = "<image>"
 VISION_PATCH_SIZE = 8
@@ -73,13 +73,15 @@ def qwen_chat_tokenizer(bpe_tokenizer: Any, model_max_length: int) -> Qwen2Token
     )
 
 
-def _qwen2_config(tokenizer: Qwen2Tokenizer) -> Qwen2Config:
-    """A 2-layer Qwen2 (hidden 32, 4 query / 2 key-value heads, tied embeddings like Qwen2-0.5B)."""
+def qwen2_config(tokenizer: Qwen2Tokenizer, hidden_size: int = 32, num_hidden_layers: int = 2) -> Qwen2Config:
+    """A small Qwen2 for ``tokenizer``: 4 query / 2 key-value heads, MLP width ``2 * hidden_size``,
+    tied embeddings like Qwen2-0.5B; by default the tiny LM's (2 layers, hidden 32). The toy
+    rewriter (:func:`genalign.toy.rewriter.build_rewriter`) is a larger one."""
     return Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=tokenizer.model_max_length,
@@ -134,7 +136,7 @@ def qwen2_lm(seed: int = 0, save_to: str | Path | None = None) -> tuple[Qwen2For
     tokenizer = chat_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(_qwen2_config(tokenizer))
+        model = Qwen2ForCausalLM(qwen2_config(tokenizer))
     set_chat_generation_defaults(model, tokenizer)
     model.eval()
     if save_to is not None:
@@ -174,7 +176,7 @@ def llava_vlm(
             projection_dim=32,
             hidden_act="quick_gelu",
         ),
-        text_config=_qwen2_config(tokenizer),
+        text_config=qwen2_config(tokenizer),
         image_token_id=image_token_id,
         image_seq_length=num_image_tokens,
         projector_hidden_act="gelu",

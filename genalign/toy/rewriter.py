@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from genalign.algorithms.prompt_rewrite import GENEVAL_TEMPLATE, extract_answer
-from genalign.tiny.language import qwen_chat_tokenizer, set_chat_generation_defaults
+from genalign.tiny.language import qwen2_config, qwen_chat_tokenizer, set_chat_generation_defaults
 from genalign.tiny.tokenizers import train_bpe_tokenizer
 from genalign.toy.evaluation import eval_set_for_images, evaluate_policy, paired_change_interval
 from genalign.toy.paraphrase import paraphrase, paraphrase_set
@@ -83,22 +83,10 @@ def build_rewriter(
 ) -> tuple[Any, Any]:
     """A randomly initialised Qwen2 rewriter with a BPE trained on :func:`tokenizer_corpus`,
     saved to ``out`` (the SFT recipe's starting point)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     tokenizer = qwen_chat_tokenizer(train_bpe_tokenizer(tokenizer_corpus(), vocab_size=vocab_size), 512)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=tokenizer.model_max_length,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = qwen2_config(tokenizer, hidden_size=hidden, num_hidden_layers=layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)

@@ -230,19 +230,14 @@ def build_unet(
     unCLIP/DeepFloyd IF's UNets), so every ResNet block, not only the 6 x 6 cross-attention, sees
     the prompt. It needs no extra pipeline input, so the stock ``StableDiffusionPipeline`` runs
     it; on this tiny UNet it is what makes colour and shape follow the prompt."""
-    from diffusers import UNet2DConditionModel
+    from genalign.tiny.diffusion import two_level_unet
 
-    return UNet2DConditionModel(
-        sample_size=sample_size,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    return two_level_unet(
+        sample_size,
+        cross_attention_dim,
         block_out_channels=tuple(block_out_channels),
-        layers_per_block=1,
         norm_num_groups=16,
         attention_head_dim=2,  # diffusers' legacy name: the number of heads
-        cross_attention_dim=cross_attention_dim,
         time_cond_proj_dim=time_cond_proj_dim,
         **({"addition_embed_type": "text", "addition_embed_type_num_heads": 4} if text_pooling else {}),
     )

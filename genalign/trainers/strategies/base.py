@@ -16,7 +16,7 @@ import abc
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -36,8 +36,11 @@ __all__ = [
     "RolloutBatch",
     "RolloutContext",
     "RolloutStrategy",
+    "IndexedRollout",
+    "draw_indexed_groups",
     "draw_prompt_groups",
     "draw_step_groups",
+    "rollout_indexed_groups",
     "step_generator",
 ]
 
@@ -198,6 +201,65 @@ def draw_step_groups(
         pool, config.prompts_per_step, config.group_size, generator
     )
     return prompts, group_ids, seeds, generator
+
+
+def draw_indexed_groups(
+    pool_size: int, prompts_per_step: int, group_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draw of :func:`draw_prompt_groups` as pool rows: ``[B]`` row of each sample, ``[B]``
+    group ids and ``[B]`` seeds (the same random calls, so the same prompts and seeds for the
+    same generator)."""
+    choice = torch.randint(0, pool_size, (prompts_per_step,), generator=generator)
+    indices = choice.repeat_interleave(group_size)
+    group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
+    seeds = torch.randint(0, 2**31 - 1, (len(indices),), generator=generator)
+    return indices, group_ids, seeds
+
+
+class IndexedRollout(NamedTuple):
+    """What :func:`rollout_indexed_groups` returns: this process's trajectory (group ids set),
+    the metadata of its pool rows, and the step's global ``prompts`` ``[B]``, ``group_ids`` ``[B]``
+    and this process's ``rows`` of them (as :meth:`RolloutBatch.of_groups` takes them)."""
+
+    trajectory: Any
+    metadata: dict[str, Any]
+    prompts: list[str]
+    group_ids: torch.Tensor
+    rows: torch.Tensor
+
+
+def rollout_indexed_groups(
+    context: RolloutContext,
+    config: Any,
+    step: int,
+    row_metadata: Callable[[Any, torch.Tensor], dict[str, Any]],
+    images: Callable[[dict[str, Any]], Any],
+) -> IndexedRollout:
+    """Roll out step ``step``'s prompt groups drawn as pool rows (:func:`draw_indexed_groups`;
+    the same prompts, seeds and group ids as ``groups`` draws), for strategies whose pool rows
+    carry metadata (an image to condition on, a target to score against).
+
+    ``row_metadata(pool, pool_rows)`` reads this process's rows of ``context.prompts``;
+    ``images(metadata)`` is what the policy is shown with each prompt (None for none).
+    ``config``: a ``TrainConfig`` (its seed, ``prompts_per_step`` and ``group_size``).
+    """
+    pool = context.prompts
+    generator = step_generator(config.seed, step)
+    indices, group_ids, seeds = draw_indexed_groups(
+        len(pool), config.prompts_per_step, config.group_size, generator
+    )
+    prompts = [pool[i] for i in indices.tolist()]
+    rows = context.local_rows(len(prompts))
+    metadata = row_metadata(pool, indices[rows])
+    with context.precision():
+        trajectory = context.policy.rollout(
+            [prompts[i] for i in rows.tolist()],
+            seeds=seeds[rows],
+            images=images(metadata),
+            **context.rollout_kwargs(),
+        )
+    trajectory.group_ids = group_ids[rows]
+    return IndexedRollout(trajectory, metadata, prompts, group_ids, rows)
 
 
 class RolloutStrategy(abc.ABC):

@@ -36,9 +36,8 @@ from genalign.algorithms import (
 )
 from genalign.trainers.losses.q_hawkeye import DEGRADED_PREFIX
 from genalign.trainers.prompt_pool import PromptPool
-from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, step_generator
+from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, rollout_indexed_groups
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
-from genalign.trainers.strategies.svg import draw_indexed_groups
 
 __all__ = ["QHawkeyeStrategy", "QualityRolloutBatch"]
 
@@ -87,22 +86,9 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         return {f"{DEGRADED_PREFIX}{name}": value for name, value in encoded.items()}
 
     def sample(self, context: RolloutContext, step: int) -> QualityRolloutBatch:
-        config, pool = self.config, context.prompts
-        generator = step_generator(config.seed, step)
-        indices, group_ids, seeds = draw_indexed_groups(
-            len(pool), config.prompts_per_step, config.group_size, generator
+        trajectory, metadata, prompts, group_ids, rows = rollout_indexed_groups(
+            context, self.config, step, self._rows, lambda metadata: metadata["images"]
         )
-        prompts = [pool[i] for i in indices.tolist()]
-        rows = context.local_rows(len(prompts))
-        metadata = self._rows(pool, indices[rows])
-        with context.precision():
-            trajectory = context.policy.rollout(
-                [prompts[i] for i in rows.tolist()],
-                seeds=seeds[rows],
-                images=metadata["images"],
-                **context.rollout_kwargs(),
-            )
-        trajectory.group_ids = group_ids[rows]
         trajectory.extras.update(self.degraded_inputs(context, trajectory, metadata["degraded_images"]))
         mos = torch.as_tensor(metadata["mos"], dtype=torch.float32)
         rewards, details = context.score(trajectory, mos=mos.to(context.device))
@@ -110,7 +96,9 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         scores = torch.tensor([float("nan") if p is None else p for p in parsed], dtype=torch.float32)
         global_scores = context.gather(scores.to(context.device)).cpu()
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
-        return QualityRolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids, global_scores=global_scores)
+        return QualityRolloutBatch.of_groups(
+            context, trajectory, rewards, details, rows, prompts, group_ids, global_scores=global_scores
+        )
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
         options = self.config.q_hawkeye

@@ -29,23 +29,16 @@ import torch
 
 from genalign.rewards.svg.extract import extract_svg_details
 from genalign.trainers.prompt_pool import PromptPool
-from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, step_generator
+from genalign.trainers.strategies.base import (
+    STRATEGIES,
+    RolloutBatch,
+    RolloutContext,
+    draw_indexed_groups,
+    rollout_indexed_groups,
+)
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 
 __all__ = ["SVGTaskStrategy", "draw_indexed_groups"]
-
-
-def draw_indexed_groups(
-    pool_size: int, prompts_per_step: int, group_size: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The draw of :func:`~genalign.trainers.strategies.base.draw_prompt_groups` as pool rows:
-    ``[B]`` row of each sample, ``[B]`` group ids and ``[B]`` seeds (the same random calls, so the
-    same prompts and seeds for the same generator)."""
-    choice = torch.randint(0, pool_size, (prompts_per_step,), generator=generator)
-    indices = choice.repeat_interleave(group_size)
-    group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
-    seeds = torch.randint(0, 2**31 - 1, (len(indices),), generator=generator)
-    return indices, group_ids, seeds
 
 
 @STRATEGIES.register("svg")
@@ -69,23 +62,14 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         return pool.rows(rows)
 
     def sample(self, context: RolloutContext, step: int) -> RolloutBatch:
-        config, pool = self.config, context.prompts
-        generator = step_generator(config.seed, step)
-        indices, group_ids, seeds = draw_indexed_groups(
-            len(pool), config.prompts_per_step, config.group_size, generator
+        config = self.config
+        trajectory, metadata, prompts, group_ids, rows = rollout_indexed_groups(
+            context,
+            config,
+            step,
+            self._metadata,
+            lambda metadata: metadata.get("images") if config.svg.task == "image_to_svg" else None,
         )
-        prompts = [pool[i] for i in indices.tolist()]
-        rows = context.local_rows(len(prompts))
-        metadata = self._metadata(pool, indices[rows])
-        images = metadata.get("images") if config.svg.task == "image_to_svg" else None
-        with context.precision():
-            trajectory = context.policy.rollout(
-                [prompts[i] for i in rows.tolist()],
-                seeds=seeds[rows],
-                images=images,
-                **context.rollout_kwargs(),
-            )
-        trajectory.group_ids = group_ids[rows]
         found = [extract_svg_details(text, repair=config.svg.repair) for text in trajectory.completions]
         svgs = [f.svg if f.svg is not None else "" for f in found]
         trajectory.extras["svgs"] = svgs
