@@ -245,22 +245,39 @@ def two_level_unet(
 # --------------------------------------------------------------------------------------------
 
 
+def sd_layout_pipeline(
+    pipeline_class: type[PipelineT],
+    vae: torch.nn.Module,
+    text_encoder: torch.nn.Module,
+    tokenizer: object,
+    unet: torch.nn.Module,
+    scheduler: object,
+) -> PipelineT:
+    """``pipeline_class`` (``StableDiffusionPipeline``, ``LatentConsistencyModelPipeline``) of the
+    SD 1.x layout from these components, without safety checker or feature extractor: the tiny
+    pipelines' and the toy generators' (:mod:`genalign.toy.generators.train`) layout."""
+    return pipeline_class(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
 def _sd_layout_pipeline(
     pipeline_class: type[PipelineT], unet: Callable[[], UNet2DConditionModel], scheduler: object
 ) -> PipelineT:
     """An SD 1.x-layout pipeline (KL VAE, one CLIP text encoder, byte-level tokenizer, no safety
     checker) around ``unet()``, which is called after the VAE and the text encoder are built, so
     the seeded weights are drawn in one fixed order."""
-    return pipeline_class(
-        vae=_kl_vae(),
-        text_encoder=CLIPTextModel(_clip_text_config()),
-        tokenizer=byte_level_clip_tokenizer(),
-        unet=unet(),
-        scheduler=scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
+    vae = _kl_vae()
+    text_encoder = CLIPTextModel(_clip_text_config())
+    tokenizer = byte_level_clip_tokenizer()
+    return sd_layout_pipeline(pipeline_class, vae, text_encoder, tokenizer, unet(), scheduler)
 
 
 def sd_pipeline(

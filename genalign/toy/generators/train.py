@@ -132,30 +132,10 @@ def finish_training(
     return pipe, info
 
 
-def finish_sd_layout(
-    pipeline_class,
-    vae,
-    text_encoder,
-    tokenizer,
-    unet,
-    scheduler,
-    done: int,
-    log: TrainingLog,
-    start: float,
-    out,
-) -> tuple[Any, dict[str, Any]]:
-    """Assemble an SD-layout pipeline (toy-sd, toy-lcm), describe its training, save it if asked."""
-    pipe = pipeline_class(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=scheduler,
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    parameters = {"unet": unet, "text_encoder": text_encoder, "vae": vae}
+def finish_sd_layout(pipe, done: int, log: TrainingLog, start: float, out) -> tuple[Any, dict[str, Any]]:
+    """Describe the training of an SD-layout pipeline (toy-sd, toy-lcm; assembled by
+    :func:`~genalign.tiny.diffusion.sd_layout_pipeline`) and save it if asked."""
+    parameters = {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
     return finish_training(pipe, parameters, done, log, start, out)
 
 
@@ -203,13 +183,13 @@ def train_sd(
     """
     from diffusers import DDIMScheduler, DDPMScheduler, StableDiffusionPipeline
 
+    from genalign.tiny.diffusion import sd_layout_pipeline
+
     def save(modules: Sequence[torch.nn.Module], done: int, folder) -> tuple[Any, dict[str, Any]]:
         sampler = DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
         text_encoder, unet = modules
-        pipeline = StableDiffusionPipeline
-        return finish_sd_layout(
-            pipeline, vae, text_encoder, tokenizer, unet, sampler, done, log, start, folder
-        )
+        pipe = sd_layout_pipeline(StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler)
+        return finish_sd_layout(pipe, done, log, start, folder)
 
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
@@ -381,6 +361,8 @@ def train_lcm(
     """
     from diffusers import LatentConsistencyModelPipeline, LCMScheduler
 
+    from genalign.tiny.diffusion import sd_layout_pipeline
+
     torch.manual_seed(seed)
     teacher_unet, text_encoder, tokenizer, vae = (
         teacher.unet,
@@ -442,10 +424,10 @@ def train_lcm(
         **SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1,
         original_inference_steps=num_ddim_timesteps, timestep_scaling=10.0,
     )  # fmt: skip
-    pipeline = LatentConsistencyModelPipeline
-    return finish_sd_layout(
-        pipeline, vae, text_encoder, tokenizer, target, lcm_scheduler, done, log, start, out
+    pipe = sd_layout_pipeline(
+        LatentConsistencyModelPipeline, vae, text_encoder, tokenizer, target, lcm_scheduler
     )
+    return finish_sd_layout(pipe, done, log, start, out)
 
 
 def _caption_table(text_encoder, tokenizer, captions: Sequence[str]):
