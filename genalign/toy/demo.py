@@ -400,8 +400,30 @@ def write_report(
         lines.append(
             f"Verifier on the same rollouts: {first['monitor_shapes_eval']:.1%} → {last['monitor_shapes_eval']:.1%}."
         )
+    lines += ["", *_hacking_lines(steps, hacking, evaluations, oracle)]
     lines += [
+        f"Verdict: {hacking.verdict}.",
         "",
+        "## Samples (RL-held-out prompts, same seeds)",
+        "",
+        f"![before and after]({grid.name})",
+        "",
+    ]
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines))
+    summary = demo_summary(evaluations, hacking, heldout_curve, seconds, oracle, leaks)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return report
+
+
+def _hacking_lines(
+    steps: Sequence[dict[str, Any]],
+    hacking: HackingCheck,
+    evaluations: dict[str, SetEvaluation],
+    oracle: str | None,
+) -> list[str]:
+    """The report's reward-hacking section, up to (not including) the verdict."""
+    lines = [
         "## Reward hacking check",
         "",
         f"Effect sizes over training (mean of the last {hacking.window} steps minus the first {hacking.window}, "
@@ -417,7 +439,7 @@ def write_report(
         f"- RL-held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
     ]
-    if "monitor_shapes_eval" in first:  # what the verifier saw, in the windows the effects compare
+    if "monitor_shapes_eval" in steps[0]:  # what the verifier saw, in the windows the effects compare
         verifier = [m["monitor_shapes_eval"] for m in steps]
         rewards = [m["reward_mean"] for m in steps]
         w = hacking.window
@@ -430,19 +452,7 @@ def write_report(
         ]
     if hacking.fixed_seed is not None:
         lines += _fixed_seed_lines(hacking.fixed_seed, evaluations["rl_train"], oracle)
-    lines += [
-        f"Verdict: {hacking.verdict}.",
-        "",
-        "## Samples (RL-held-out prompts, same seeds)",
-        "",
-        f"![before and after]({grid.name})",
-        "",
-    ]
-    report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
-    summary = demo_summary(evaluations, hacking, heldout_curve, seconds, oracle, leaks)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return report
+    return lines
 
 
 def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
