@@ -153,6 +153,35 @@ class ARVideoPolicy(DiffusionPolicy):
         sigma = (timesteps.to(velocity.device, torch.float32) / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
         return latents.to(velocity.device).float() - sigma * velocity
 
+    def predict_window_x0(
+        self,
+        latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        conditioning: dict[str, torch.Tensor],
+        window_start: int,
+    ) -> torch.Tensor:
+        """x0 of the window frames ``latents[:, :, window_start:]`` only (``[B, C, F_w, h, w]``),
+        the frames before it a detached history: they run once without gradient into a KV cache,
+        the window attends to it. Values equal :meth:`predict_video_x0`'s on the window; gradients
+        reach only the window's own computation, so training memory follows the window's length.
+        ``window_start`` must be a multiple of the block size."""
+        if window_start % self.block_size or not 0 <= window_start < latents.shape[2]:
+            raise ValueError(
+                f"window_start {window_start} must be a multiple of the block size {self.block_size} "
+                f"below the {latents.shape[2]} latent frames"
+            )
+        embeds = conditioning["prompt_embeds"].to(self.device, self.model_dtype)
+        latents = latents.to(self.device, self.model_dtype)
+        timesteps = timesteps.to(self.device, torch.float32)
+        with block_kv_cache(self.denoiser) as cache:
+            if window_start > 0:
+                with torch.no_grad():
+                    cache.run(latents[:, :, :window_start], timesteps[:, :window_start], embeds, write=True)
+            window = latents[:, :, window_start:]
+            velocity = cache.run(window, timesteps[:, window_start:], embeds, write=False).float()
+        sigma = (timesteps[:, window_start:] / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
+        return window.float() - sigma * velocity
+
     def block_output(
         self,
         block: torch.Tensor,

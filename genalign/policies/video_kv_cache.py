@@ -16,8 +16,8 @@ rewritten here (its projections, norms, head split and rotary embedding are copi
 * queries and keys get the rotary embedding of the frames' *absolute* positions (the forward
   computes it for positions 0 .. k-1 of the block it is given; the cache supplies the block's
   true positions ``offset .. offset + k - 1``);
-* keys and values of the cached frames are prepended, and the block-causal mask (all true within
-  the one block run) is dropped: a block attends to every cached frame and to itself.
+* keys and values of the cached frames are prepended, every cached frame visible to every query;
+  when several blocks run at once their block-causal mask among themselves is kept.
 
 Outside :meth:`VideoKVCache.run` the processor is diffusers' own, so the transformer's ordinary
 forward works unchanged inside the context. Cross-attention (``attn2``) is untouched: it reads
@@ -25,8 +25,9 @@ only the text. :class:`VideoKVCache.run` runs one
 block at per-frame timesteps and, with ``write=True``, appends its keys and values (the clean
 block re-run at t = 0 becomes context, as Self-Forcing's ``context_noise = 0``).
 
-Limits: no eviction (LongLive's local window with sink frames is not implemented), and no
-gradient through the cache is intended (rollouts run under ``torch.no_grad``).
+Limits: no eviction (LongLive's local window with sink frames is not implemented). Gradients
+flow through the frames being run but not into the cached keys and values when those were
+written under ``torch.no_grad`` (a streaming window's detached history).
 """
 
 from __future__ import annotations
@@ -134,12 +135,17 @@ class CachedSelfAttention(SkyReelsV2AttnProcessor):
         value = value.unflatten(2, (attn.heads, -1))  # (B, S, heads, D)
         query = apply_rotary_embedding(query, *self.cache.rotary)
         key = apply_rotary_embedding(key, *self.cache.rotary)
+        cached = self.cache.keys[self.layer]
         key, value = self.cache.attend(self.layer, key, value)  # (B, S_cached + S, heads, D)
+        if attention_mask is not None and cached is not None:  # several blocks run at once: keep
+            # their block-causal mask among themselves, every cached frame visible
+            visible = attention_mask.new_ones(*attention_mask.shape[:-1], cached.shape[1])
+            attention_mask = torch.cat([visible, attention_mask], dim=-1)
         hidden_states = dispatch_attention_fn(
             query,
             key,
             value,
-            attn_mask=None,
+            attn_mask=attention_mask,
             dropout_p=0.0,
             is_causal=False,
             backend=self._attention_backend,

@@ -137,10 +137,14 @@ class AstrolabeConfig:
     ``adaptive_weighting`` / ``clip_over_beta``: DiffusionNFT's per-sample weighting and c/beta
     factor (off, as Astrolabe). Old policy: rollouts from it (``rollout_policy: old``), moved after
     each step by ``theta_old <- eta theta_old + (1 - eta) theta``, ``eta = min(ema_rate * i, ema_max)``
-    after i optimiser steps.
+    after i optimiser steps. ``window_frames`` (streaming windows, the paper's; not in the
+    released script): train only a window of this many latent frames (a multiple of the block
+    size), its start drawn per loss call among the block starts, the frames before it a detached
+    history (:meth:`genalign.policies.ARVideoPolicy.predict_window_x0`); None: the whole video.
     """
 
     num_latent_frames: int | None = None
+    window_frames: int | None = None
     timesteps: list[int] = field(default_factory=lambda: [1000, 750, 500, 250])
     beta: float = 0.1
     kl_weight: float = 1e-4

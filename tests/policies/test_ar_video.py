@@ -112,3 +112,22 @@ def test_bad_arguments_fail_naming_them(policy):
         policy.rollout(PROMPTS, num_frames=2, guidance_scale=4.5, **SIZE)
     with pytest.raises(NotImplementedError):
         policy.continue_rollout(None, 0)
+
+
+def test_a_streaming_window_equals_the_full_forward_and_gradient_reaches_only_window_frames(policy):
+    conditioning = policy.encode_prompts(PROMPTS[:1], 1.0, "")
+    latents = torch.randn(1, 4, 6, 8, 8, generator=torch.Generator().manual_seed(4)).requires_grad_(True)
+    timesteps = torch.full((1, 6), 750.0)
+    full = policy.predict_video_x0(latents, timesteps, conditioning)
+    for start in (2, 4):  # a history of one block and a window of two, and the other way round
+        torch.testing.assert_close(
+            policy.predict_window_x0(latents, timesteps, conditioning, start), full[:, :, start:], atol=1e-5, rtol=1e-5
+        )
+    window = policy.predict_window_x0(latents, timesteps, conditioning, window_start=2)
+    (gradient,) = torch.autograd.grad(window.square().sum(), latents)
+    assert gradient[:, :, :2].abs().sum() == 0 and (gradient[:, :, 2:].abs().sum(dim=(0, 1, 3, 4)) > 0).all()
+    # the full forward's window loss does reach the history (through attention)
+    (full_gradient,) = torch.autograd.grad(full[:, :, 2:].square().sum(), latents)
+    assert full_gradient[:, :, :2].abs().sum() > 0
+    with pytest.raises(ValueError, match="window_start 3 must be a multiple of the block size 2"):
+        policy.predict_window_x0(latents, timesteps, conditioning, window_start=3)

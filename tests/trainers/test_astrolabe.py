@@ -129,3 +129,42 @@ def test_genalign_train_runs_astrolabe_on_the_tiny_video_model_and_resumes_exact
         assert sorted(a.tensors[group]) == sorted(b.tensors[group]) and a.tensors[group]
         for key in a.tensors[group]:
             torch.testing.assert_close(a.tensors[group][key], b.tensors[group][key])
+
+
+def test_a_streaming_window_trains_the_window_against_a_detached_history(video_policy, tmp_path):
+    policy = video_policy
+    trajectory = policy.rollout(["a red circle"], group_size=2, generator=2, num_frames=6, **SIZE)
+    windowed = _loss(tmp_path, ["train.astrolabe.window_frames=2", "train.astrolabe.kl_weight=0"])
+    advantages = torch.tensor([1.5, -1.5])
+    starts = set()
+    for call in range(6):
+        windowed.begin_step(0)
+        windowed.calls = call
+        (timestep, t), start = windowed._draws(6)
+        start -= start % 2
+        value, metrics = windowed(policy, trajectory, torch.zeros(2, dtype=torch.long), advantages)
+        assert float(metrics["astrolabe_window_start"]) == start
+        starts.add(start)
+        # the same value from the full forward's x0 on the window (history values are the same)
+        x0 = trajectory.latents[:, -1]
+        eps = seeded_noise(trajectory.seeds, torch.full((2,), call), x0.shape[1:], step=0)
+        x_t = (1 - t) * x0 + t * eps
+        with torch.no_grad():
+            x0_theta = policy.predict_video_x0(
+                x_t, torch.full((2, 6), float(timestep)), trajectory.conditioning
+            )
+        window = slice(start, start + 2)
+        per_sample, _ = nft_loss_in_x0(
+            x0_theta[:, :, window],
+            x0_theta[:, :, window],
+            x0[:, :, window],
+            x0_theta[:, :, window],
+            x0_theta[:, :, window],
+            x0[:, :, window],
+            advantages,
+            beta=0.1,
+            adaptive_weighting=False,
+            clip_over_beta=False,
+        )
+        torch.testing.assert_close(value.detach(), per_sample.mean(), atol=1e-5, rtol=1e-4)
+    assert len(starts) > 1 and starts <= {0, 2, 4}

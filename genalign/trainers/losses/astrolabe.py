@@ -18,6 +18,11 @@ machinery this class inherits): rollouts come from it, and after each training s
 ``theta_old <- eta theta_old + (1 - eta) theta`` with ``eta = min(0.001 i, 0.5)`` after i optimiser
 steps (the official ``return_decay``, applied after each epoch of rollouts). It is checkpointed.
 
+Streaming windows (``train.astrolabe.window_frames``; the paper's, not in the released script):
+only a window of latent frames is predicted and trained, the frames before it run once without
+gradient as a KV-cached history (:meth:`~genalign.policies.ARVideoPolicy.predict_window_x0`), so
+activations are kept for the window alone; frames after the window are not run at all.
+
 The level and the noise are drawn from generators keyed by ``(train.seed, training step, the
 loss call's index within the step)`` and ``(training step, sample seed, call index)``, so a run
 replays them exactly on resume. The official trainer draws the level with ``random.randint`` per
@@ -88,16 +93,33 @@ class AstrolabeLoss(NFTLoss):
 
     def draw_level(self) -> tuple[int, float]:
         """This call's ``(timestep, t)``, keyed by (seed, step, call index)."""
+        return self._draws(1)[0]
+
+    def _draws(self, num_frames: int) -> tuple[tuple[int, float], int]:
+        """This call's level and window start (0 without ``window_frames``), from one generator."""
         generator = step_generator(self.config.seed, self.current_step, self.calls)
-        return sample_noise_level(generator, [int(t) for t in self.options.timesteps])
+        level = sample_noise_level(generator, [int(t) for t in self.options.timesteps])
+        window = self.options.window_frames
+        if window is None or window >= num_frames:
+            return level, 0
+        return level, int(torch.randint(num_frames - window + 1, (1,), generator=generator))
+
+    def _predict(self, policy, x_t, levels, conditioning, start: int, stop: int) -> torch.Tensor:
+        """x0 predictions of frames ``start .. stop - 1``: the whole video, or a streaming window
+        attending to a detached history."""
+        if self.options.window_frames is None:
+            return policy.predict_video_x0(x_t, levels, conditioning)
+        return policy.predict_window_x0(x_t[:, :, :stop], levels[:, :stop], conditioning, start)
 
     def __call__(self, policy, trajectory, step_index, advantages):
         if policy.family != "ar_video":
             raise ValueError(f"the astrolabe loss trains an 'ar_video' policy, got family {policy.family!r}")
         options = self.options
-        timestep, t = self.draw_level()
         x0 = trajectory.latents[:, -1].float()  # (B, C, F, h, w) clean latent videos
         batch, num_frames = x0.shape[0], x0.shape[2]
+        (timestep, t), start = self._draws(num_frames)
+        start -= start % policy.block_size  # windows start at a block
+        stop = num_frames if options.window_frames is None else min(start + options.window_frames, num_frames)
         call = torch.full((batch,), self.calls, dtype=torch.long)
         self.calls += 1
         eps = seeded_noise(trajectory.seeds, call, x0.shape[1:], step=self.current_step).to(x0.device)
@@ -105,18 +127,18 @@ class AstrolabeLoss(NFTLoss):
         levels = frame_timesteps(timestep, batch, num_frames, device=x0.device)  # (B, F)
         conditioning = trajectory.conditioning
         with torch.no_grad(), self.old_policy(policy):
-            x0_old = policy.predict_video_x0(x_t, levels, conditioning)
-        x0_theta = policy.predict_video_x0(x_t, levels, conditioning)
+            x0_old = self._predict(policy, x_t, levels, conditioning, start, stop)
+        x0_theta = self._predict(policy, x_t, levels, conditioning, start, stop)
         if options.kl_weight > 0:
             with torch.no_grad(), policy.reference():
-                x0_ref = policy.predict_video_x0(x_t, levels, conditioning)
+                x0_ref = self._predict(policy, x_t, levels, conditioning, start, stop)
         else:
             x0_ref = x0_theta.detach()
         loss, info = astrolabe_loss(
             x0_theta,
             x0_old,
             x0_ref,
-            x0,
+            x0[:, :, start:stop],
             advantages.to(x0.device).float(),
             beta=options.beta,
             kl_weight=options.kl_weight,
@@ -127,6 +149,7 @@ class AstrolabeLoss(NFTLoss):
         metrics = {
             "policy_loss": info["astrolabe_policy_loss"],
             "astrolabe_timestep": torch.tensor(float(timestep)),
+            "astrolabe_window_start": torch.tensor(float(start)),
         }
         metrics.update({key: value for key, value in info.items() if torch.is_tensor(value)})
         return loss, metrics
