@@ -121,7 +121,10 @@ def test_a_streaming_window_equals_the_full_forward_and_gradient_reaches_only_wi
     full = policy.predict_video_x0(latents, timesteps, conditioning)
     for start in (2, 4):  # a history of one block and a window of two, and the other way round
         torch.testing.assert_close(
-            policy.predict_window_x0(latents, timesteps, conditioning, start), full[:, :, start:], atol=1e-5, rtol=1e-5
+            policy.predict_window_x0(latents, timesteps, conditioning, start),
+            full[:, :, start:],
+            atol=1e-5,
+            rtol=1e-5,
         )
     window = policy.predict_window_x0(latents, timesteps, conditioning, window_start=2)
     (gradient,) = torch.autograd.grad(window.square().sum(), latents)
