@@ -12,6 +12,13 @@ The ``language`` family (:mod:`.language`) wraps transformers LMs and VLMs; its 
     policy = load_policy("language", "Qwen/Qwen2.5-0.5B-Instruct", lora={"rank": 8,
                          "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
     trajectory = policy.rollout(["a red circle"], group_size=4, generator=0, temperature=1.0)
+
+The ``ar_video`` family (:mod:`.ar_video`) samples block-causal video transformers block by block
+(Self-Forcing), with a KV cache (:mod:`.video_kv_cache`) equal to recomputing the prefix::
+
+    policy = load_policy("ar_video", "tiny:ar_video")
+    trajectory = policy.rollout(["a red circle"], group_size=2, generator=0, num_frames=6, height=32, width=32)
+    trajectory.images    # the videos [B, F_pixels, 3, H, W] in [0, 1]
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from genalign.policies.ar_video import ARVideoPolicy
 from genalign.policies.base import DiffusionPolicy, LoRASpec, LoraSpec, check_group_size
 from genalign.policies.consistency import ConsistencyPolicy
 from genalign.policies.flow import FlowPolicy, FluxPolicy, SanaPolicy, SD3Policy
@@ -36,6 +44,7 @@ POLICIES.add("sd", SDPolicy)
 POLICIES.add("flow", FlowPolicy)
 POLICIES.add("consistency", ConsistencyPolicy)
 POLICIES.add("language", LanguagePolicy)
+POLICIES.add("ar_video", ARVideoPolicy)
 
 
 def register_policy(name: str):
@@ -58,6 +67,7 @@ def list_policies() -> list[str]:
 
 __all__ = [
     "POLICIES",
+    "ARVideoPolicy",
     "ConsistencyPolicy",
     "DiffusionPolicy",
     "FlowPolicy",

@@ -21,6 +21,7 @@ name                       what                                                 
 ``text_length``            text: closeness of a completion's length to a target         no
 ``iqa_answer``             text: Q-Hawkeye accuracy + format + repetition vs. true MOS  no
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
+``video``                  any image reward per frame; top-30% / mean / min per video  if it
 =========================  ==========================================================  =====
 """
 
@@ -59,6 +60,7 @@ from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.svg import SVGFidelityReward
 from genalign.rewards.text import IQAAnswerReward, KeywordReward, TextLengthReward
+from genalign.rewards.video import VideoReward
 from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
 
@@ -94,6 +96,7 @@ __all__ = [
     "RewardOutput",
     "SVGFidelityReward",
     "TransformersCLIPEmbedder",
+    "VideoReward",
     "list_rewards",
     "load_clip_embedder",
     "load_reward",

@@ -69,8 +69,8 @@ class Reward(torch.nn.Module):
 
     name: str = "reward"
     differentiable: bool = False
-    # "image" ([B,3,H,W] in [0,1]), "svg" (list of SVG strings) or "text" (a language policy's
-    # completions: a list of strings)
+    # "image" ([B,3,H,W] in [0,1]), "video" ([B,F,3,H,W] in [0,1]), "svg" (list of SVG strings) or
+    # "text" (a language policy's completions: a list of strings)
     input_kind: str = "image"
 
     def __init__(self, strict: bool = False) -> None:
@@ -94,6 +94,8 @@ class Reward(torch.nn.Module):
         """Check shapes and ranges; return the batch size."""
         if self.input_kind == "image":
             batch = validate_images(images)
+        elif self.input_kind == "video":
+            batch = validate_videos(images)
         else:
             if isinstance(images, str) or not isinstance(images, Sequence):
                 what = "SVG strings" if self.input_kind == "svg" else "strings"
@@ -149,6 +151,15 @@ def validate_images(images: Any) -> int:
                 f"images must be in [0, 1], got values in [{lo:.4g}, {hi:.4g}] (shape {tuple(images.shape)})"
             )
     return images.shape[0]
+
+
+def validate_videos(videos: Any) -> int:
+    """Videos must be a float tensor ``[B, F, 3, H, W]`` in [0, 1] (each frame an image); returns B."""
+    if not torch.is_tensor(videos) or videos.ndim != 5:
+        shape = tuple(videos.shape) if torch.is_tensor(videos) else type(videos).__name__
+        raise ValueError(f"videos must be a torch.Tensor [B, F, 3, H, W], got {shape}")
+    validate_images(videos.reshape(-1, *videos.shape[2:]))
+    return videos.shape[0]
 
 
 def load_reward(name: str, **kwargs: Any) -> Reward:

@@ -20,6 +20,7 @@ _EXPORTS = {
     "sana_pipeline": "diffusion",
     "lcm_pipeline": "diffusion",
     "pixart_pipeline": "diffusion",
+    "ar_video_pipeline": "video",
     "t5_tokenizer": "diffusion",
     "gemma_tokenizer": "diffusion",
     "qwen2_lm": "language",

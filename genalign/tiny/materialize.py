@@ -18,7 +18,7 @@ TINY_PREFIX = "tiny:"
 
 
 def _builders() -> dict[str, Callable]:
-    from genalign.tiny import diffusion, language
+    from genalign.tiny import diffusion, language, video
 
     return {
         "qwen2": language.qwen2_lm,  # transformers folders: the language family
@@ -30,6 +30,7 @@ def _builders() -> dict[str, Callable]:
         "sana": diffusion.sana_pipeline,
         "lcm": diffusion.lcm_pipeline,
         "pixart": diffusion.pixart_pipeline,
+        "ar_video": video.ar_video_pipeline,  # the ar_video family's block-causal video pipeline
     }
 
 
@@ -56,8 +57,13 @@ def _builder_fingerprint(name: str = "sd") -> str:
         import diffusers as library
 
         from genalign.tiny import diffusion as builders
+    modules = [builders, tokenizers]
+    if name == "ar_video":  # built in its own module (on diffusion's tokenizer and helpers)
+        from genalign.tiny import video
+
+        modules.append(video)
     digest = hashlib.sha256()
-    for module in (builders, tokenizers):
+    for module in modules:
         digest.update(Path(module.__file__).read_bytes())
     digest.update(library.__version__.encode())
     return digest.hexdigest()[:10]

@@ -324,6 +324,7 @@ class RecipeConfig:
             "sol_rl": ("flow",),
             "sft": ("language",),
             "q_hawkeye": ("language",),
+            "astrolabe": ("ar_video",),
         }
         families = methods.get(self.train.method)
         if families is not None and self.model.family not in families:
@@ -332,7 +333,13 @@ class RecipeConfig:
                 f"train.method {self.train.method!r} is for the {names} family, but model.family is {self.model.family!r}"
             )
         # methods defined by their loss: another loss would silently train something else
-        losses = {"diffusion_nft": "nft", "rwr": "rwr", "refl": "refl", "sft": "sft"}
+        losses = {
+            "diffusion_nft": "nft",
+            "rwr": "rwr",
+            "refl": "refl",
+            "sft": "sft",
+            "astrolabe": "astrolabe",
+        }
         loss = losses.get(self.train.method)
         if loss is not None and self.train.loss != loss:
             raise ConfigError(
@@ -352,6 +359,7 @@ class RecipeConfig:
                 f"trains on; train.loss {self.train.loss!r} needs the clean last latent"
             )
         self._check_language()
+        self._check_ar_video()
         self._check_prompt_rewrite()
         b2 = self.train.b2diffurl
         steps = self.sampling.num_inference_steps
@@ -402,6 +410,26 @@ class RecipeConfig:
             raise ConfigError(
                 f"model.lora.target_modules {list(lora.target_modules)} are a diffusers denoiser's layers; "
                 "a language model's are e.g. [q_proj, k_proj, v_proj, o_proj]"
+            )
+
+    def _check_ar_video(self) -> None:
+        """The ``ar_video`` family rolls out with the ``astrolabe`` strategy and loss (or plug-ins),
+        without classifier-free guidance; the ``astrolabe`` strategy and loss are for it alone."""
+        video = self.model.family == "ar_video"
+        for key in ("strategy", "loss"):
+            name = getattr(self.train, key)
+            if video and name != "astrolabe" and ":" not in name:
+                raise ConfigError(
+                    f"model.family 'ar_video' trains with train.{key} 'astrolabe', but train.{key} is {name!r}"
+                )
+            if name == "astrolabe" and not video:
+                raise ConfigError(
+                    f"train.{key} 'astrolabe' is for the 'ar_video' family, but model.family is {self.model.family!r}"
+                )
+        if video and self.sampling.guidance_scale != 1.0:
+            raise ConfigError(
+                f"sampling.guidance_scale must be 1.0 for the 'ar_video' family (distilled models sample "
+                f"without classifier-free guidance), got {self.sampling.guidance_scale}"
             )
 
     def _check_prompt_rewrite(self) -> None:
@@ -465,7 +493,7 @@ class RecipeConfig:
         for key in ("records", "source", "source_kwargs"):  # unset: fingerprints of older runs hold
             if not data["prompts"].get(key):
                 data["prompts"].pop(key, None)
-        for key in ("svg", "sft", "q_hawkeye"):  # method options of the language family, likewise
+        for key in ("svg", "sft", "q_hawkeye", "astrolabe"):  # method options of one family, likewise
             if key not in (self.train.strategy, self.train.loss):
                 data["train"].pop(key, None)
         if self.prompts.file and prompts is not None:

@@ -1,5 +1,6 @@
 """Options of the methods that bring their own settings: the ``b2diffurl``, ``sol_rl`` and
-``prompt_rewrite`` strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, and the
+``prompt_rewrite`` strategies, the ``nft``, ``rwr``, ``refl`` and ``token_ppo`` losses, Astrolabe's
+``astrolabe`` strategy and loss (the ``ar_video`` family), and the
 ``language`` family's ``svg`` tasks, ``sft`` and ``q_hawkeye`` (``train.<method>`` in a recipe).
 
 Each schema documents its fields and checks them in ``__post_init__``; checks that need other
@@ -15,6 +16,7 @@ from typing import ClassVar, Literal
 from genalign.config import ConfigError
 
 __all__ = [
+    "AstrolabeConfig",
     "B2DiffuRLConfig",
     "NFTConfig",
     "PromptRewriteConfig",
@@ -118,6 +120,57 @@ class NFTConfig:
             )
         if not 0.0 <= self.ema_max < 1.0:
             raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
+
+
+@dataclass
+class AstrolabeConfig:
+    """Options of Astrolabe (arXiv 2603.17051): the ``astrolabe`` strategy and loss of the
+    ``ar_video`` family (``genalign.trainers.strategies.astrolabe``, ``...losses.astrolabe``; the
+    math is :mod:`genalign.algorithms.astrolabe`). Defaults are the released Self-Forcing configs.
+
+    Rollouts: ``num_latent_frames`` per video (a multiple of the model's block size; None: the
+    policy's default, 7 blocks), drawn with ``sampling.num_inference_steps`` steps per block.
+    Advantages: ``A = clip((R - prompt mean) / (batch std + 1e-4), -advantage_clip, advantage_clip)``.
+    Loss: per loss call one ``timesteps`` level (unwarped, ``t = level / 1000``) for every frame of
+    every sample; ``beta`` the NFT mixing strength; ``kl_weight`` lambda of ``|x0_theta - x0_ref|^2``
+    against the adapter-disabled model (1e-4; 1e-3 in the 16/24-GPU configs; 0: no reference pass);
+    ``adaptive_weighting`` / ``clip_over_beta``: DiffusionNFT's per-sample weighting and c/beta
+    factor (off, as Astrolabe). Old policy: rollouts from it (``rollout_policy: old``), moved after
+    each step by ``theta_old <- eta theta_old + (1 - eta) theta``, ``eta = min(ema_rate * i, ema_max)``
+    after i optimiser steps. ``window_frames`` (streaming windows, the paper's; not in the
+    released script): train only a window of this many latent frames (a multiple of the block
+    size), its start drawn per loss call among the block starts, the frames before it a detached
+    history (:meth:`genalign.policies.ARVideoPolicy.predict_window_x0`); None: the whole video.
+    """
+
+    num_latent_frames: int | None = None
+    window_frames: int | None = None
+    timesteps: list[int] = field(default_factory=lambda: [1000, 750, 500, 250])
+    beta: float = 0.1
+    kl_weight: float = 1e-4
+    advantage_clip: float = 5.0
+    adaptive_weighting: bool = False
+    clip_over_beta: bool = False
+    ema_rate: float = 0.001
+    ema_max: float = 0.5
+    rollout_policy: Literal["old", "current"] = "old"
+
+    def __post_init__(self) -> None:
+        if self.num_latent_frames is not None and self.num_latent_frames <= 0:
+            raise ConfigError(
+                f"train.astrolabe.num_latent_frames must be positive, got {self.num_latent_frames}"
+            )
+        if not self.timesteps or any(not 0 < int(t) <= 1000 for t in self.timesteps):
+            raise ConfigError(f"train.astrolabe.timesteps must be levels in (0, 1000], got {self.timesteps}")
+        for key in ("beta", "advantage_clip"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.astrolabe.{key} must be positive, got {getattr(self, key)}")
+        if self.kl_weight < 0 or self.ema_rate < 0:
+            raise ConfigError(
+                f"train.astrolabe.kl_weight and train.astrolabe.ema_rate must be >= 0, got {self.kl_weight}, {self.ema_rate}"
+            )
+        if not 0.0 <= self.ema_max < 1.0:
+            raise ConfigError(f"train.astrolabe.ema_max must lie in [0, 1), got {self.ema_max}")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Literal
 from genalign.algorithms.schedules import learning_rate_factor
 from genalign.config import ConfigError
 from genalign.trainers.method_config import (
+    AstrolabeConfig,
     B2DiffuRLConfig,
     NFTConfig,
     PromptRewriteConfig,
@@ -40,6 +41,7 @@ Method = Literal[
     "sft",
     "promptrl",
     "q_hawkeye",
+    "astrolabe",
 ]
 
 
@@ -135,7 +137,8 @@ class TrainConfig:
       ``svg`` (strategy ``svg``: RLRF's image-to-SVG / text-to-SVG tasks), ``sft`` (strategy and
       loss ``sft``: supervised fine-tuning of a language policy), ``prompt_rewrite`` (strategy
       ``prompt_rewrite``: PromptRL), ``q_hawkeye`` (strategy and loss ``q_hawkeye``: IQA judges
-      trained with uncertainty-aware GRPO and a perception term).
+      trained with uncertainty-aware GRPO and a perception term), ``astrolabe`` (strategy and
+      loss ``astrolabe``: the ``ar_video`` family's forward-process RL).
     """
 
     # what is trained
@@ -195,6 +198,7 @@ class TrainConfig:
     svg: SVGTaskConfig = field(default_factory=SVGTaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     q_hawkeye: QHawkeyeConfig = field(default_factory=QHawkeyeConfig)
+    astrolabe: AstrolabeConfig = field(default_factory=AstrolabeConfig)
 
     def __post_init__(self) -> None:
         # in this order, so a recipe with several faults reports the same one first as before

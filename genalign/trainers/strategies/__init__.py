@@ -4,12 +4,14 @@
 (:mod:`.groups`), ``b2diffurl`` (:mod:`.b2diffurl`), ``sol_rl`` (:mod:`.sol_rl`), ``svg`` (:mod:`.svg`, RLRF's SVG tasks for the ``language``
 family), ``sft`` (:mod:`.sft`, its supervised fine-tuning), ``prompt_rewrite``
 (:mod:`.prompt_rewrite`, PromptRL's rewriter -> generator chain), ``q_hawkeye`` (:mod:`.q_hawkeye`,
-IQA judges with degraded copies); a strategy
+IQA judges with degraded copies), ``astrolabe`` (:mod:`.astrolabe`, the ``ar_video`` family's
+video groups); a strategy
 outside genalign is named ``"package.module:Class"``.
 """
 
 from __future__ import annotations
 
+from genalign.trainers.strategies.astrolabe import AstrolabeStrategy
 from genalign.trainers.strategies.b2diffurl import B2DiffuRLStrategy
 from genalign.trainers.strategies.base import (
     STRATEGIES,
@@ -29,6 +31,7 @@ from genalign.trainers.strategies.svg import SVGTaskStrategy
 
 __all__ = [
     "STRATEGIES",
+    "AstrolabeStrategy",
     "B2DiffuRLStrategy",
     "GroupRolloutStrategy",
     "PromptRewriteStrategy",

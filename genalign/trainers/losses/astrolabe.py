@@ -1,0 +1,155 @@
+"""Astrolabe: forward-process RL for distilled autoregressive video models (arXiv 2603.17051).
+
+The math is :func:`genalign.algorithms.astrolabe.astrolabe_loss`; this module is the trainer's
+loss for the ``ar_video`` family, as the official trainer (``franklinz233/Astrolabe`` @ 35a5347,
+``scripts/train_nft_wan.py``) runs it per minibatch:
+
+1. one noise level ``timestep`` from ``train.astrolabe.timesteps`` (1000/750/500/250, unwarped),
+   the same for every frame of every sample: ``t = timestep / 1000``;
+2. ``x_t = (1 - t) x0 + t eps`` on the rollouts' clean latent videos x0 ``[B, C, F, h, w]``;
+3. the x0 predictions ``x0 = x_t - t v`` of the trained, the old (EMA) and the reference model
+   (adapters disabled) at x_t, one block-causal forward over the whole video each (every frame
+   at the same level, so earlier blocks are noisy context, as the official training forward);
+4. ``L = mean_i[r_i |x0+ - x0|^2 + (1 - r_i) |x0- - x0|^2] + lambda |x0_theta - x0_ref|^2`` with
+   ``x0+ = beta x0_theta + (1 - beta) x0_old``, ``x0- = (1 + beta) x0_old - beta x0_theta``.
+
+The old policy is DiffusionNFT's (:class:`~genalign.trainers.losses.nft.NFTLoss`, whose
+machinery this class inherits): rollouts come from it, and after each training step
+``theta_old <- eta theta_old + (1 - eta) theta`` with ``eta = min(0.001 i, 0.5)`` after i optimiser
+steps (the official ``return_decay``, applied after each epoch of rollouts). It is checkpointed.
+
+Streaming windows (``train.astrolabe.window_frames``; the paper's, not in the released script):
+only a window of latent frames is predicted and trained, the frames before it run once without
+gradient as a KV-cached history (:meth:`~genalign.policies.ARVideoPolicy.predict_window_x0`), so
+activations are kept for the window alone; frames after the window are not run at all.
+
+The level and the noise are drawn from generators keyed by ``(train.seed, training step, the
+loss call's index within the step)`` and ``(training step, sample seed, call index)``, so a run
+replays them exactly on resume. The official trainer draws the level with ``random.randint`` per
+minibatch on each GPU; here too each process draws its own sequence, the same on every process
+that makes the same calls. The trainer's per-sample step indices are not used: the level is the
+minibatch's, not the sample's (``train.timestep_fraction = 0.25`` makes one call per minibatch
+on the 4-step grid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from genalign.algorithms.astrolabe import (
+    astrolabe_loss,
+    astrolabe_old_policy_decay,
+    flow_forward_noise,
+    frame_timesteps,
+    sample_noise_level,
+    soft_update_,
+)
+from genalign.trainers.losses.base import LOSSES
+from genalign.trainers.losses.forward_process import seeded_noise
+from genalign.trainers.losses.nft import NFTLoss
+from genalign.trainers.strategies.base import step_generator
+
+if TYPE_CHECKING:
+    from genalign.trainers.trainer import Trainer
+
+__all__ = ["AstrolabeLoss"]
+
+
+@LOSSES.register("astrolabe")
+class AstrolabeLoss(NFTLoss):
+    """Astrolabe's x0-space NFT loss on an ``ar_video`` policy (module docstring; ``train.astrolabe``).
+
+    Hooks: ``forward_process = True``; :meth:`begin_step` keys the step's draws;
+    :meth:`rollout_policy` samples with the old policy; :meth:`end_step` soft-updates it.
+    """
+
+    forward_process = True
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.options = config.astrolabe
+        self.old_parameters: list[torch.Tensor] | None = None
+        self.current_step = 0
+        self.calls = 0  # loss calls so far in the current step: keys the level and the noise
+
+    def begin_step(self, step: int) -> None:
+        self.current_step, self.calls = step, 0
+
+    def rollout_policy(self, trainer: Trainer, step: int) -> contextlib.AbstractContextManager:
+        self._ensure_old(trainer.policy)  # the first old policy is the initial weights
+        if self.options.rollout_policy == "old":
+            return self.old_policy(trainer.policy)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def end_step(self, trainer: Trainer, step: int) -> dict[str, float]:
+        """theta_old <- eta theta_old + (1 - eta) theta, eta = min(ema_rate * i, ema_max)."""
+        eta = astrolabe_old_policy_decay(trainer.optimizer_steps, self.options.ema_rate, self.options.ema_max)
+        soft_update_(self._ensure_old(trainer.policy), trainer.policy.trainable_parameters(), eta)
+        return {"astrolabe_old_decay": eta}
+
+    def draw_level(self) -> tuple[int, float]:
+        """This call's ``(timestep, t)``, keyed by (seed, step, call index)."""
+        return self._draws(1)[0]
+
+    def _draws(self, num_frames: int) -> tuple[tuple[int, float], int]:
+        """This call's level and window start (0 without ``window_frames``), from one generator."""
+        generator = step_generator(self.config.seed, self.current_step, self.calls)
+        level = sample_noise_level(generator, [int(t) for t in self.options.timesteps])
+        window = self.options.window_frames
+        if window is None or window >= num_frames:
+            return level, 0
+        return level, int(torch.randint(num_frames - window + 1, (1,), generator=generator))
+
+    def _predict(self, policy, x_t, levels, conditioning, start: int, stop: int) -> torch.Tensor:
+        """x0 predictions of frames ``start .. stop - 1``: the whole video, or a streaming window
+        attending to a detached history."""
+        if self.options.window_frames is None:
+            return policy.predict_video_x0(x_t, levels, conditioning)
+        return policy.predict_window_x0(x_t[:, :, :stop], levels[:, :stop], conditioning, start)
+
+    def __call__(self, policy, trajectory, step_index, advantages):
+        if policy.family != "ar_video":
+            raise ValueError(f"the astrolabe loss trains an 'ar_video' policy, got family {policy.family!r}")
+        options = self.options
+        x0 = trajectory.latents[:, -1].float()  # (B, C, F, h, w) clean latent videos
+        batch, num_frames = x0.shape[0], x0.shape[2]
+        (timestep, t), start = self._draws(num_frames)
+        start -= start % policy.block_size  # windows start at a block
+        stop = num_frames if options.window_frames is None else min(start + options.window_frames, num_frames)
+        call = torch.full((batch,), self.calls, dtype=torch.long)
+        self.calls += 1
+        eps = seeded_noise(trajectory.seeds, call, x0.shape[1:], step=self.current_step).to(x0.device)
+        x_t = flow_forward_noise(x0, eps, t)
+        levels = frame_timesteps(timestep, batch, num_frames, device=x0.device)  # (B, F)
+        conditioning = trajectory.conditioning
+        with torch.no_grad(), self.old_policy(policy):
+            x0_old = self._predict(policy, x_t, levels, conditioning, start, stop)
+        x0_theta = self._predict(policy, x_t, levels, conditioning, start, stop)
+        if options.kl_weight > 0:
+            with torch.no_grad(), policy.reference():
+                x0_ref = self._predict(policy, x_t, levels, conditioning, start, stop)
+        else:
+            x0_ref = x0_theta.detach()
+        loss, info = astrolabe_loss(
+            x0_theta,
+            x0_old,
+            x0_ref,
+            x0[:, :, start:stop],
+            advantages.to(x0.device).float(),
+            beta=options.beta,
+            kl_weight=options.kl_weight,
+            advantage_clip=options.advantage_clip,
+            adaptive_weighting=options.adaptive_weighting,
+            clip_over_beta=options.clip_over_beta,
+        )
+        metrics = {
+            "policy_loss": info["astrolabe_policy_loss"],
+            "astrolabe_timestep": torch.tensor(float(timestep)),
+            "astrolabe_window_start": torch.tensor(float(start)),
+        }
+        metrics.update({key: value for key, value in info.items() if torch.is_tensor(value)})
+        return loss, metrics

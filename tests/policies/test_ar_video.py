@@ -1,0 +1,136 @@
+"""The ``ar_video`` family: block-causal mask, KV cache equal to the recompute path, per-sample seeds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from genalign.policies import ARVideoPolicy, load_policy, video_kv_cache
+
+PROMPTS = ["a red circle", "two blue squares"]
+SIZE = {"height": 32, "width": 32}
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
+    policy = load_policy("ar_video", "tiny:ar_video", lora={"rank": 4})
+    with torch.no_grad():  # non-zero LoRA B, so the adapters take part in every path below
+        generator = torch.Generator().manual_seed(0)
+        for name, parameter in policy.denoiser.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    return policy
+
+
+def test_the_tiny_model_is_block_causal_with_per_frame_timesteps(policy):
+    assert isinstance(policy, ARVideoPolicy) and policy.block_size == 2
+    generator = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 4, 6, 8, 8, generator=generator)
+    conditioning = policy.encode_prompts(PROMPTS[:1], 1.0, "")
+    timesteps = torch.tensor([[0.0, 0.0, 500.0, 500.0, 900.0, 900.0]])
+    with torch.no_grad():
+        out = policy.transformer_output(latents, timesteps, conditioning)
+        changed = latents.clone()
+        changed[:, :, 4:] = torch.randn(1, 4, 2, 8, 8, generator=generator)  # the last block only
+        out_changed = policy.transformer_output(changed, timesteps, conditioning)
+        later_t = timesteps.clone()
+        later_t[:, 4:] = 100.0
+        out_later_t = policy.transformer_output(latents, later_t, conditioning)
+    # earlier blocks do not see a later block's latents or timesteps; the later block does
+    assert torch.equal(out[:, :, :4], out_changed[:, :, :4])
+    assert torch.equal(out[:, :, :4], out_later_t[:, :, :4])
+    assert not torch.allclose(out[:, :, 4:], out_changed[:, :, 4:])
+    assert not torch.allclose(out[:, :, 4:], out_later_t[:, :, 4:])
+
+
+def test_kv_cache_rollout_equals_the_prefix_recompute_rollout(policy, monkeypatch):
+    calls = []
+    attend = video_kv_cache.VideoKVCache.attend
+    monkeypatch.setattr(
+        video_kv_cache.VideoKVCache, "attend", lambda self, *a: calls.append(1) or attend(self, *a)
+    )
+    cached = policy.rollout(PROMPTS, group_size=2, generator=0, num_frames=6, kv_cache=True, **SIZE)
+    # 2 layers x (3 blocks x 4 steps + 3 context writes) go through the cache
+    assert len(calls) == 2 * (3 * 4 + 3)
+    recomputed = policy.rollout(PROMPTS, group_size=2, generator=0, num_frames=6, kv_cache=False, **SIZE)
+    assert len(calls) == 30  # the recompute path never touches the cache
+    torch.testing.assert_close(cached.latents, recomputed.latents, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cached.log_probs, recomputed.log_probs, atol=1e-2, rtol=1e-5)
+    torch.testing.assert_close(cached.images, recomputed.images, atol=1e-5, rtol=1e-5)
+    # the processors are restored after the rollout
+    assert not any(
+        isinstance(b.attn1.processor, video_kv_cache.CachedSelfAttention) for b in policy.denoiser.blocks
+    )
+
+
+def test_cached_block_output_equals_recompute_at_every_context_length(policy):
+    conditioning = policy.encode_prompts(PROMPTS[:1], 1.0, "")
+    generator = torch.Generator().manual_seed(3)
+    clean = torch.randn(1, 4, 6, 8, 8, generator=generator)
+    block = torch.randn(1, 4, 2, 8, 8, generator=generator)
+    t = torch.tensor([833.0])
+    with torch.no_grad(), video_kv_cache.block_kv_cache(policy.denoiser) as cache:
+        for start in range(0, 6, 2):
+            cached = policy.block_output(block, t, None, conditioning, cache)
+            recomputed = policy.block_output(block, t, clean[:, :, :start], conditioning)
+            torch.testing.assert_close(cached, recomputed, atol=1e-5, rtol=1e-5)
+            embeds = conditioning["prompt_embeds"]
+            cache.run(clean[:, :, start : start + 2], torch.zeros(1, 2), embeds, write=True)
+        assert cache.frames == 6
+
+
+def test_a_sample_is_a_function_of_its_seed_alone(policy):
+    both = policy.rollout(PROMPTS, seeds=torch.tensor([11, 22]), num_frames=4, **SIZE)
+    alone = policy.rollout(PROMPTS[1:], seeds=torch.tensor([22]), num_frames=4, **SIZE)
+    torch.testing.assert_close(both.latents[1:], alone.latents, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(both.images[1:], alone.images, atol=1e-6, rtol=1e-6)
+    other = policy.rollout(PROMPTS[1:], seeds=torch.tensor([23]), num_frames=4, **SIZE)
+    assert not torch.allclose(other.latents, alone.latents)
+
+
+def test_rollout_layout_and_recomputed_log_probs(policy):
+    trajectory = policy.rollout(PROMPTS[:1], group_size=2, generator=5, num_frames=4, **SIZE)
+    assert trajectory.latents.shape == (2, 5, 4, 4, 8, 8)  # T + 1 chain states of every block
+    assert trajectory.images.shape == (2, 7, 3, 32, 32)  # 4 latent frames -> 2 * 4 - 1 frames
+    assert trajectory.stds[0].tolist() == pytest.approx([0.9375, 2.5 / 3, 0.625, 0.0])
+    assert (trajectory.log_probs[:, -1] == 0).all() and (trajectory.log_probs[:, :-1] != 0).all()
+    log_probs = policy.log_prob(trajectory)
+    torch.testing.assert_close(log_probs, trajectory.log_probs, atol=1e-2, rtol=1e-5)
+    log_probs[:, 0].sum().backward()
+    grads = [p.grad for p in policy.trainable_parameters()]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    policy.denoiser.zero_grad(set_to_none=True)
+
+
+def test_bad_arguments_fail_naming_them(policy):
+    with pytest.raises(ValueError, match="num_frames 3 must be a positive multiple of the block size 2"):
+        policy.rollout(PROMPTS, num_frames=3, **SIZE)
+    with pytest.raises(ValueError, match="guidance_scale 4.5"):
+        policy.rollout(PROMPTS, num_frames=2, guidance_scale=4.5, **SIZE)
+    with pytest.raises(NotImplementedError):
+        policy.continue_rollout(None, 0)
+
+
+def test_a_streaming_window_equals_the_full_forward_and_gradient_reaches_only_window_frames(policy):
+    conditioning = policy.encode_prompts(PROMPTS[:1], 1.0, "")
+    latents = torch.randn(1, 4, 6, 8, 8, generator=torch.Generator().manual_seed(4)).requires_grad_(True)
+    timesteps = torch.full((1, 6), 750.0)
+    full = policy.predict_video_x0(latents, timesteps, conditioning)
+    for start in (2, 4):  # a history of one block and a window of two, and the other way round
+        torch.testing.assert_close(
+            policy.predict_window_x0(latents, timesteps, conditioning, start),
+            full[:, :, start:],
+            atol=1e-5,
+            rtol=1e-5,
+        )
+    window = policy.predict_window_x0(latents, timesteps, conditioning, window_start=2)
+    (gradient,) = torch.autograd.grad(window.square().sum(), latents)
+    assert gradient[:, :, :2].abs().sum() == 0 and (gradient[:, :, 2:].abs().sum(dim=(0, 1, 3, 4)) > 0).all()
+    # the full forward's window loss does reach the history (through attention)
+    (full_gradient,) = torch.autograd.grad(full[:, :, 2:].square().sum(), latents)
+    assert full_gradient[:, :, :2].abs().sum() > 0
+    with pytest.raises(ValueError, match="window_start 3 must be a multiple of the block size 2"):
+        policy.predict_window_x0(latents, timesteps, conditioning, window_start=3)

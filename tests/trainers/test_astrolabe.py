@@ -1,0 +1,170 @@
+"""Astrolabe on the ar_video family: the loss against the NFT x0 form, its draws, recipe checks,
+and ``genalign train`` on the tiny video model with exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.algorithms.nft import nft_loss_in_x0
+from genalign.config import ConfigError
+from genalign.policies import load_policy
+from genalign.trainers.config import load_recipe
+from genalign.trainers.losses import AstrolabeLoss
+from genalign.trainers.losses.forward_process import seeded_noise
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "astrolabe_jpeg.yaml"
+SIZE = {"height": 32, "width": 32}
+
+
+@pytest.fixture(scope="module")
+def video_policy(tmp_path_factory):
+    os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
+    return load_policy("ar_video", "tiny:ar_video", lora={"rank": 4})
+
+
+def _loss(tmp_path, overrides=()) -> AstrolabeLoss:
+    config = load_recipe(RECIPE, [f"logging.run_dir={tmp_path}/run", *overrides])
+    return AstrolabeLoss(config.train)
+
+
+def test_a_one_block_video_gives_the_nft_x0_loss(video_policy, tmp_path):
+    policy = video_policy
+    trajectory = policy.rollout(["a red circle"], group_size=3, generator=0, num_frames=2, **SIZE)
+    loss = _loss(tmp_path, ["train.astrolabe.kl_weight=0"])
+    loss.begin_step(7)
+    loss._ensure_old(policy)
+    with torch.no_grad():  # the old policy differs from the current one
+        for old in loss.old_parameters:
+            old.add_(0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(old.numel())))
+    advantages = torch.tensor([2.0, -1.0, 0.5])
+    timestep, t = loss.draw_level()
+    value, metrics = loss(policy, trajectory, torch.zeros(3, dtype=torch.long), advantages)
+    # independently: one block of 2 frames, x_t = (1 - t) x0 + t eps, x0_hat = x_t - t v
+    x0 = trajectory.latents[:, -1]
+    eps = seeded_noise(trajectory.seeds, torch.zeros(3, dtype=torch.long), x0.shape[1:], step=7)
+    x_t = (1 - t) * x0 + t * eps
+    levels = torch.full((3, 2), float(timestep))
+    with torch.no_grad(), loss.old_policy(policy):
+        x0_old = x_t - t * policy.transformer_output(x_t, levels, trajectory.conditioning)
+    x0_theta = x_t - t * policy.transformer_output(x_t, levels, trajectory.conditioning)
+    per_sample, _ = nft_loss_in_x0(
+        x0_theta,
+        x0_old,
+        x0,
+        x0_theta,
+        x0_old,
+        x0,
+        advantages,
+        beta=0.1,
+        adaptive_weighting=False,
+        clip_over_beta=False,
+    )
+    torch.testing.assert_close(value, per_sample.mean())
+    assert float(metrics["astrolabe_timestep"]) == timestep and timestep in (1000, 750, 500, 250)
+
+
+def test_one_level_per_call_for_every_frame_keyed_by_step_and_call(video_policy, tmp_path, monkeypatch):
+    policy = video_policy
+    trajectory = policy.rollout(["a blue square"], group_size=2, generator=1, num_frames=4, **SIZE)
+    seen = []
+    predict = type(policy).predict_video_x0
+    monkeypatch.setattr(
+        type(policy),
+        "predict_video_x0",
+        lambda self, x, levels, c: seen.append(levels) or predict(self, x, levels, c),
+    )
+    loss = _loss(tmp_path)
+    draws = []
+    for step in (3, 3, 4):
+        loss.begin_step(step)
+        for _ in range(4):
+            draws.append(loss.draw_level()[0])
+            loss(policy, trajectory, torch.zeros(2, dtype=torch.long), torch.tensor([1.0, -1.0]))
+    # old, current and reference predictions at one level for every frame of every sample
+    assert len(seen) == 3 * 12 and all(levels.unique().numel() == 1 for levels in seen)
+    assert [int(levels[0, 0]) for levels in seen[::3]] == draws
+    assert draws[:4] == draws[4:8]  # the same step replays the same levels
+    assert set(draws) <= {1000, 750, 500, 250} and len(set(draws)) > 1
+
+
+def test_recipe_checks_name_the_key(tmp_path):
+    run = f"logging.run_dir={tmp_path}/run"
+    with pytest.raises(ConfigError, match="train.method 'astrolabe' is for the 'ar_video' family"):
+        load_recipe(RECIPE, [run, "model.family=flow"])
+    with pytest.raises(ConfigError, match="train.loss 'astrolabe'"):
+        load_recipe(RECIPE, [run, "train.method=grpo", "train.loss=nft"])
+    with pytest.raises(ConfigError, match="sampling.guidance_scale must be 1.0"):
+        load_recipe(RECIPE, [run, "sampling.guidance_scale=4.0"])
+    with pytest.raises(ConfigError, match="train.astrolabe.timesteps"):
+        load_recipe(RECIPE, [run, "train.astrolabe.timesteps=[1500]"])
+
+
+def _train(tmp_path, name, *overrides) -> list[dict]:
+    from genalign.cli import main
+
+    assert main(["train", str(RECIPE), f"logging.run_dir={tmp_path}/{name}", *overrides]) == 0
+    return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_genalign_train_runs_astrolabe_on_the_tiny_video_model_and_resumes_exactly(tmp_path):
+    from genalign.trainers.checkpoint import latest_checkpoint, load_checkpoint
+
+    straight = _train(tmp_path, "a", "train.num_steps=2")
+    assert [row["step"] for row in straight] == [0, 1]
+    assert all(row["param_change"] > 0 and row["samples"] == 4 for row in straight)
+    assert straight[1]["astrolabe_old_decay"] == pytest.approx(0.004)  # eta = 0.001 x 4 optimiser steps
+    assert (tmp_path / "a" / "final" / "pytorch_lora_weights.safetensors").is_file()
+    _train(tmp_path, "b", "train.num_steps=1")
+    resumed = _train(tmp_path, "b", "train.num_steps=2", "logging.resume=latest")
+    assert resumed[1]["reward_mean"] == straight[1]["reward_mean"]
+    assert resumed[1]["policy_loss"] == pytest.approx(straight[1]["policy_loss"], rel=1e-6)
+    a = load_checkpoint(latest_checkpoint(tmp_path / "a"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    for group in ("trainable", "loss"):
+        assert sorted(a.tensors[group]) == sorted(b.tensors[group]) and a.tensors[group]
+        for key in a.tensors[group]:
+            torch.testing.assert_close(a.tensors[group][key], b.tensors[group][key])
+
+
+def test_a_streaming_window_trains_the_window_against_a_detached_history(video_policy, tmp_path):
+    policy = video_policy
+    trajectory = policy.rollout(["a red circle"], group_size=2, generator=2, num_frames=6, **SIZE)
+    windowed = _loss(tmp_path, ["train.astrolabe.window_frames=2", "train.astrolabe.kl_weight=0"])
+    advantages = torch.tensor([1.5, -1.5])
+    starts = set()
+    for call in range(6):
+        windowed.begin_step(0)
+        windowed.calls = call
+        (timestep, t), start = windowed._draws(6)
+        start -= start % 2
+        value, metrics = windowed(policy, trajectory, torch.zeros(2, dtype=torch.long), advantages)
+        assert float(metrics["astrolabe_window_start"]) == start
+        starts.add(start)
+        # the same value from the full forward's x0 on the window (history values are the same)
+        x0 = trajectory.latents[:, -1]
+        eps = seeded_noise(trajectory.seeds, torch.full((2,), call), x0.shape[1:], step=0)
+        x_t = (1 - t) * x0 + t * eps
+        with torch.no_grad():
+            x0_theta = policy.predict_video_x0(
+                x_t, torch.full((2, 6), float(timestep)), trajectory.conditioning
+            )
+        window = slice(start, start + 2)
+        per_sample, _ = nft_loss_in_x0(
+            x0_theta[:, :, window],
+            x0_theta[:, :, window],
+            x0[:, :, window],
+            x0_theta[:, :, window],
+            x0_theta[:, :, window],
+            x0[:, :, window],
+            advantages,
+            beta=0.1,
+            adaptive_weighting=False,
+            clip_over_beta=False,
+        )
+        torch.testing.assert_close(value.detach(), per_sample.mean(), atol=1e-5, rtol=1e-4)
+    assert len(starts) > 1 and starts <= {0, 2, 4}
