@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from genalign.toy.demo import DEFAULT_RECIPE, run_demo
+    from genalign.toy.demo import DEFAULT_RECIPE, DemoInterrupted, run_demo
 
     overrides = list(args.overrides)
     if args.config is not None and "=" in args.config and not Path(args.config).exists():
@@ -110,7 +110,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"recipe: {recipe}", flush=True)
     options = ("eval_every", "oracle", "rl_heldout_images", "rl_train_images", "unseen_images")
     chosen = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
-    result = run_demo(recipe, overrides, **chosen)
+    try:
+        result = run_demo(recipe, overrides, **chosen)
+    except DemoInterrupted as stopped:  # SIGTERM / Ctrl-C: the shell's convention, 128 + signal
+        print(f"genalign demo: {stopped}", file=sys.stderr)
+        return 128 + stopped.signal
     for name, evaluation in result.evaluations.items():
         change, low, high = evaluation.interval()
         print(

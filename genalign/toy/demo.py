@@ -62,6 +62,7 @@ ORACLE_MODES = ("correct", "partial")  # ShapesEvalReward(partial=False / True)
 ORACLE_VERDICT = "void: the reward is the verifier (oracle run)"
 # re-exported: benchmarks and older callers import these from the demo
 __all__ = [
+    "DemoInterrupted",
     "DemoResult",
     "HackingCheck",
     "evaluate_policy",
@@ -70,6 +71,17 @@ __all__ = [
     "run_demo",
     "write_report",
 ]
+
+
+class DemoInterrupted(RuntimeError):
+    """Training stopped early (SIGTERM / Ctrl-C): the demo reports nothing rather than a short run."""
+
+    def __init__(self, steps_done: int, steps: int, signal: int) -> None:
+        super().__init__(
+            f"demo interrupted after {steps_done} of {steps} training steps: no evaluation after "
+            "training and no report (run it again)"
+        )
+        self.signal = signal
 
 
 # -- hacking check ----------------------------------------------------------------------------------
@@ -552,6 +564,8 @@ def run_demo(
 
     trainer.callbacks.append(periodic)
     history = trainer.train()
+    if trainer.interrupted is not None:
+        raise DemoInterrupted(trainer.step, config.train.num_steps, int(trainer.interrupted))
     evaluations: dict[str, SetEvaluation] = {}
     for name, items in item_sets.items():
         after, images_after = evaluate_policy(trainer.policy, items, sampling)

@@ -337,3 +337,40 @@ def test_oracle_run_trains_on_the_verifier_and_says_so(tmp_path):
     assert "learned reward `vlm_yes`" not in report
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["oracle"] == "correct" and summary["verdict"].startswith("void")
+
+
+def test_an_interrupted_demo_reports_nothing_and_exits_with_the_signal(monkeypatch, tmp_path, capsys):
+    """SIGTERM / Ctrl-C during training: no evaluation after training, no report, exit 128 + signal."""
+    import genalign.trainers
+    from genalign.cli import main
+    from genalign.toy import demo as demo_module
+
+    evaluated = []
+
+    class FakePolicy:
+        def rollout(self, prompts, seeds, **kwargs):
+            evaluated.append(len(prompts))
+            return SimpleNamespace(images=torch.rand(len(prompts), 3, 8, 8))
+
+    class FakeTrainer:
+        def __init__(self, config, base_dir=None):
+            self.policy, self.callbacks, self.run_dir = FakePolicy(), [], tmp_path
+            self.step, self.interrupted = 0, None
+
+        def rollout_kwargs(self):
+            return {}
+
+        def train(self):
+            self.step, self.interrupted = 3, 15  # SIGTERM after three steps
+            return [{"step": i} for i in range(3)]
+
+    monkeypatch.setattr(genalign.trainers, "build_trainer", FakeTrainer)
+    steps = genalign.trainers.load_recipe(DEFAULT_RECIPE).train.num_steps
+    with pytest.raises(demo_module.DemoInterrupted, match=f"after 3 of {steps} training steps"):
+        demo_module.run_demo(rl_heldout_images=6, rl_train_images=6, unseen_images=6)
+    before_only = sum(evaluated)
+    assert before_only > 0 and not (tmp_path / "report.md").exists()
+    code = main(["demo", "--rl-heldout-images", "6", "--rl-train-images", "6", "--unseen-images", "6"])
+    assert code == 128 + 15
+    assert f"demo interrupted after 3 of {steps} training steps" in capsys.readouterr().err
+    assert sum(evaluated) == 2 * before_only  # the second run also stopped before any evaluation after
