@@ -121,14 +121,14 @@ def build_svg_writer(out: str | Path, recipe: SVGWriterRecipe | None = None) -> 
 # -- the card -----------------------------------------------------------------------------------------
 
 
-def _training_summary(run_dir: Path) -> dict[str, Any]:
+def _training_summary(run_dir: Path, steps: int | None = None) -> dict[str, Any]:
     """Steps, wall seconds of the steps (layout and update) and first / last SFT loss of a
-    ``genalign train`` run (its metrics.jsonl)."""
+    ``genalign train`` run (its metrics.jsonl), the first ``steps`` steps when given."""
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return {}
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "sft_loss" in r]
+    rows = [r for r in rows if "sft_loss" in r and (steps is None or r["step"] < steps)]
     if not rows:
         return {}
     seconds = sum(float(r.get("time_rollout", 0.0)) + float(r.get("time_update", 0.0)) for r in rows)
@@ -140,7 +140,9 @@ def _training_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def write_card(model: Path, out: Path, evaluation: dict[str, Any], command: str) -> dict[str, Any]:
+def write_card(
+    model: Path, out: Path, evaluation: dict[str, Any], command: str, steps: int | None = None
+) -> dict[str, Any]:
     """Copy the exported model (``model``) to ``out`` and write ``card.json``."""
     from genalign.policies import load_policy
 
@@ -157,7 +159,7 @@ def write_card(model: Path, out: Path, evaluation: dict[str, Any], command: str)
         "command": command,
         "parameters": sum(p.numel() for p in policy.model.parameters()),
         "size_mb": round(size / 1e6, 2),
-        "training": _training_summary(model.parent),
+        "training": _training_summary(model.parent, steps),
         "eval": evaluation,
     }
     (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, help="card: the untrained writer (evaluated as 'before SFT')")
     parser.add_argument("--count", type=int, default=256, help="card: held-out scenes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--steps", type=int, help="card: the SFT steps the model was trained for (metrics rows)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.command == "init":
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         models = {"before SFT": str(args.init), **models}
     evaluation = evaluate_svg_writers(models, count=args.count)
     command = " ".join(["python -m genalign.toy.svg_writer", *(argv or __import__("sys").argv[1:])])
-    card = write_card(args.model, args.out, evaluation, command)
+    card = write_card(args.model, args.out, evaluation, command, args.steps)
     print(json.dumps({k: card[k] for k in ("parameters", "size_mb", "training")}, indent=2))
     return 0
 
