@@ -7,6 +7,11 @@ in alternating rounds:
 - in this process (``render_local``: sanitise + rasterise, no isolation) with each backend;
 - through :class:`SVGRenderPool` with 1 and 2 worker processes (timeouts, IPC included).
 
+A second table measures the pool **under RL load** (issue #25 item 7): a GRPO step renders
+``inputs x G`` completions in one call (G = 8, 16, 32, 64 rollouts per input; RLRF uses 64), one in
+eight of them malformed as sampled SVG often is, at the reward's render size; it prints renders/s
+and seconds per step's batch for each G with 1 and 2 workers (``--rl-workers``).
+
 Ratios are the numbers to read: ``skia / cairosvg`` is what the fast backend buys per core,
 ``2 workers / 1 worker`` what a second process buys (bounded by free cores), ``pool / in-process``
 what isolation costs. Absolute rates depend on the machine; the parallel ratio needs free cores
@@ -15,6 +20,7 @@ load average are printed with the table.
 
     python benchmarks/svg_render.py                      # 48 documents, 256 px, 3 rounds, ~20 s
     python benchmarks/svg_render.py --size 512 --documents 96
+    python benchmarks/svg_render.py --rl-only --rl-inputs 4 --rl-size 224   # only the RL-load table
 """
 
 from __future__ import annotations
@@ -74,6 +80,50 @@ def rate(fn: Callable[[], object], count: int) -> float:
     return count / (time.perf_counter() - start)
 
 
+def rl_batch(rng: random.Random, inputs: int, group: int, shapes: int) -> list[str]:
+    """``inputs x group`` sampled completions: ``group`` documents per input, one in eight cut off
+    mid-element (malformed, as a truncated or broken sample is)."""
+    documents = []
+    for _ in range(inputs * group):
+        document = random_document(rng, shapes)
+        if rng.random() < 1 / 8:
+            document = document[: rng.randrange(20, len(document) - 10)]
+        documents.append(document)
+    return documents
+
+
+def rl_load(args: argparse.Namespace) -> None:
+    """Renders/s of one GRPO step's batch (``inputs x G`` documents in one ``render`` call)."""
+    rng = random.Random(1)
+    groups = (8, 16, 32, 64)
+    batches = {g: rl_batch(rng, args.rl_inputs, g, args.rl_shapes) for g in groups}
+    size = args.rl_size
+    rates: dict[tuple[int, int], list[float]] = {}
+    for workers in args.rl_workers:
+        with SVGRenderPool(workers=workers) as pool:
+            pool.render(batches[8][:4], size, size)  # start the workers
+            for _ in range(args.rounds):
+                for g in groups:
+                    count = len(batches[g])
+                    rates.setdefault((workers, g), []).append(
+                        rate(lambda b=batches[g]: pool.render(b, size, size, args.rl_backend), count)
+                    )
+    print(
+        f"\nunder RL load: {args.rl_inputs} inputs x G completions of {args.rl_shapes} shapes at "
+        f"{size}x{size}, {args.rl_backend}, 1 in 8 malformed, {args.rounds} rounds (median)"
+    )
+    print(
+        f"{'G':>4}{'batch':>7}"
+        + "".join(f"{f'renders/s x{w}':>16}{f's/step x{w}':>12}" for w in args.rl_workers)
+    )
+    for g in groups:
+        row = f"{g:>4}{len(batches[g]):>7}"
+        for workers in args.rl_workers:
+            median = statistics.median(rates[(workers, g)])
+            row += f"{median:>16.1f}{len(batches[g]) / median:>12.2f}"
+        print(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -82,7 +132,20 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", type=int, default=16, help="shapes per document")
+    parser.add_argument("--rl-only", action="store_true", help="only the RL-load table")
+    parser.add_argument("--rl-inputs", type=int, default=4, help="RL load: inputs (images) per step")
+    parser.add_argument("--rl-size", type=int, default=224, help="RL load: render size")
+    parser.add_argument("--rl-shapes", type=int, default=8, help="RL load: shapes per document")
+    parser.add_argument("--rl-workers", type=int, nargs="+", default=[1, 2], help="RL load: pool sizes")
+    parser.add_argument("--rl-backend", default="cairosvg", choices=["cairosvg", "skia"])
     args = parser.parse_args()
+    if not args.rl_only:
+        throughput(args)
+    rl_load(args)
+
+
+def throughput(args: argparse.Namespace) -> None:
+    """The backend and pool comparison (module docstring)."""
 
     rng = random.Random(0)
     documents = [random_document(rng, args.shapes) for _ in range(args.documents)]

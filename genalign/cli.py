@@ -6,6 +6,7 @@ This module is the only place that prints: library code logs.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -161,6 +162,26 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_svg(args: argparse.Namespace) -> int:
+    from genalign.toy.svg_eval import evaluate_svg_writers, format_report, parse_models
+
+    report = evaluate_svg_writers(
+        parse_models(args.models),
+        count=args.count,
+        seed=args.seed,
+        split=args.split,
+        task=args.task,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+    )
+    print(format_report(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _reward_spec(rewards: Sequence[str], reward_args: Sequence[str]) -> dict[str, tuple[float, dict]]:
     """``--reward NAME=WEIGHT`` and ``--reward-arg NAME.key=value`` -> ``{name: (weight, kwargs)}``."""
     import yaml
@@ -258,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_demo,
         _add_sample,
         _add_eval_reward,
+        _add_eval_svg,
         _add_reno,
         _add_rlg,
     ):
@@ -391,6 +413,29 @@ def _add_eval_reward(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval_reward)
+
+
+def _add_eval_svg(sub: argparse._SubParsersAction) -> None:
+    from genalign.toy.svg_eval import EVAL_SEED
+
+    p = sub.add_parser(
+        "eval-svg",
+        help="evaluate SVG writers on held-out toy scenes (fidelity, validity, ShapesEval, hacking check)",
+        description="One completion per held-out toy scene for each model; svg_fidelity terms, pixel "
+        "MSE, SSIM, validity, length ratio and ShapesEval on the render with 95%% intervals; paired "
+        "changes and a reward-hacking check between consecutive models (genalign/toy/svg_eval.py).",
+    )
+    p.add_argument(
+        "models", nargs="+", help="LABEL=PATH or PATH: a model folder, tiny:NAME or a checkpoint folder"
+    )
+    p.add_argument("--count", type=int, default=256, help="held-out scenes")
+    p.add_argument("--seed", type=int, default=EVAL_SEED, help="scene seed")
+    p.add_argument("--split", default="rl_heldout", help="toy prompt split of the scenes")
+    p.add_argument("--task", default="image_to_svg", choices=["image_to_svg", "text_to_svg"])
+    p.add_argument("--temperature", type=float, default=0.01, help="sampling temperature (0.01: ~greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--out", default=None, help="write the full report as JSON here")
+    p.set_defaults(func=cmd_eval_svg)
 
 
 def _add_reno(sub: argparse._SubParsersAction) -> None:

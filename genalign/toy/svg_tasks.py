@@ -14,9 +14,13 @@ with ``reference_svgs`` and ``completions`` (the SFT targets) both the scene's S
 so a perfect SVG scores exactly 1. ``svg_style="compact"`` (default) writes the scene in few
 tokens for the tiny models: a bare ``<svg viewBox="0 0 C C">`` root (the renderer composites on
 white, so no background rectangle), integer pixel coordinates on a ``canvas`` grid;
-``svg_style="scene"`` writes :meth:`Scene.to_svg` verbatim. Scenes come from a prompt split
-(``train`` by default; ``heldout`` keeps the held-out combinations unseen), one category after
-another, from one seeded generator: the pool is a pure function of its arguments.
+``svg_style="canonical"`` is the compact document with its elements in one canonical order (left
+to right by centre, then top to bottom): toy objects never overlap, so the order does not change
+the render, and a writer trained on it need not guess which of the scene's random draw orders the
+reference used; ``svg_style="scene"`` writes :meth:`Scene.to_svg` verbatim. Scenes come from a
+prompt split (``train`` by default; ``heldout`` keeps the held-out combinations unseen; every
+category the split has), one category after another, from one seeded generator: the pool is a
+pure function of its arguments.
 
     python -m genalign.toy.svg_tasks --task image_to_svg --count 256 --out runs/toy/svg_train
 """
@@ -31,14 +35,21 @@ import numpy as np
 import torch
 
 from genalign.toy.captions import CATEGORIES
-from genalign.toy.prompts import sample_scene_for_prompt
+from genalign.toy.prompts import prompts_for, sample_scene_for_prompt
 from genalign.toy.scenes import PALETTE, Scene, SceneObject, hex_colour
 from genalign.trainers.prompt_pool import PromptPool
 
-__all__ = ["DEFAULT_INSTRUCTION", "compact_svg", "toy_svg_pool", "toy_svg_records"]
+__all__ = [
+    "DEFAULT_INSTRUCTION",
+    "compact_svg",
+    "scene_svg",
+    "toy_svg_examples",
+    "toy_svg_pool",
+    "toy_svg_records",
+]
 
 DEFAULT_INSTRUCTION = "Write the SVG code of this image."
-SVG_STYLES = ("compact", "scene")
+SVG_STYLES = ("compact", "canonical", "scene")
 
 
 def _compact_element(obj: SceneObject, canvas: int) -> str:
@@ -57,29 +68,48 @@ def _compact_element(obj: SceneObject, canvas: int) -> str:
     return f'<polygon points="{points}" fill="{fill}"/>'
 
 
-def compact_svg(scene: Scene, canvas: int = 32) -> str:
+def compact_svg(scene: Scene, canvas: int = 32, canonical: bool = False) -> str:
     """The scene as a short SVG: ``<svg viewBox="0 0 C C">`` and one element per object with
-    integer coordinates on a ``canvas`` grid (no background: renders composite on white)."""
-    body = "".join(_compact_element(obj, canvas) for obj in scene.objects)
+    integer coordinates on a ``canvas`` grid (no background: renders composite on white).
+    ``canonical``: elements left to right by centre, then top to bottom (the scene's own draw
+    order otherwise; toy objects never overlap, so both render the same)."""
+    objects = sorted(scene.objects, key=lambda o: (o.x, o.y)) if canonical else scene.objects
+    body = "".join(_compact_element(obj, canvas) for obj in objects)
     return f'<svg viewBox="0 0 {canvas} {canvas}">{body}</svg>'
+
+
+def scene_svg(scene: Scene, canvas: int = 32, svg_style: str = "compact") -> str:
+    """``scene`` written in ``svg_style`` (module docstring)."""
+    if svg_style not in SVG_STYLES:
+        raise ValueError(f"svg_style must be one of {SVG_STYLES}, got {svg_style!r}")
+    if svg_style == "scene":
+        return scene.to_svg(canvas)
+    return compact_svg(scene, canvas, canonical=svg_style == "canonical")
+
+
+def toy_svg_examples(
+    count: int, seed: int = 0, split: str = "train", canvas: int = 32, svg_style: str = "compact"
+) -> list[tuple[str, str, Scene, dict]]:
+    """``count`` ``(caption, svg, scene, spec)`` of ``split``, its categories in turn; ``spec`` is
+    what ShapesEval checks (module docstring)."""
+    if svg_style not in SVG_STYLES:
+        raise ValueError(f"svg_style must be one of {SVG_STYLES}, got {svg_style!r}")
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    rng = np.random.default_rng(seed)
+    categories = [c for c in CATEGORIES if prompts_for(split, c)]
+    examples = []
+    for i in range(count):
+        scene, caption, spec = sample_scene_for_prompt(categories[i % len(categories)], rng, split=split)
+        examples.append((caption, scene_svg(scene, canvas, svg_style), scene, spec))
+    return examples
 
 
 def toy_svg_records(
     count: int, seed: int = 0, split: str = "train", canvas: int = 32, svg_style: str = "compact"
 ) -> list[tuple[str, str, Scene]]:
     """``count`` ``(caption, svg, scene)`` triples, categories in turn (module docstring)."""
-    if svg_style not in SVG_STYLES:
-        raise ValueError(f"svg_style must be one of {SVG_STYLES}, got {svg_style!r}")
-    if count <= 0:
-        raise ValueError(f"count must be positive, got {count}")
-    rng = np.random.default_rng(seed)
-    categories = [c for c in CATEGORIES if split == "train" or c != "single_object"]
-    records = []
-    for i in range(count):
-        scene, caption, _ = sample_scene_for_prompt(categories[i % len(categories)], rng, split=split)
-        svg = compact_svg(scene, canvas) if svg_style == "compact" else scene.to_svg(canvas)
-        records.append((caption, svg, scene))
-    return records
+    return [example[:3] for example in toy_svg_examples(count, seed, split, canvas, svg_style)]
 
 
 def toy_svg_pool(

@@ -112,11 +112,13 @@ def vlm_tokenizer(vocab_size: int = 640):
     return qwen_chat_tokenizer(train_bpe_tokenizer(corpus, vocab_size=vocab_size), model_max_length=1024)
 
 
-def build_vlm(recipe: VLMRecipe):
+def build_vlm(recipe: VLMRecipe, tokenizer: Any = None):
     """A freshly initialised LLaVA model and its processor (tokenizer, image processor, chat template).
 
     With ``recipe.vision_init`` (a toy-clip folder) the vision tower takes toy-clip's image-tower
-    architecture and weights, as LLaVA starts from a pretrained CLIP encoder (Liu et al. 2023)."""
+    architecture and weights, as LLaVA starts from a pretrained CLIP encoder (Liu et al. 2023).
+    ``tokenizer``: a chat tokenizer with an ``<image>`` token (default: :func:`vlm_tokenizer`, the
+    toy grammar's; the toy SVG writer passes its own)."""
     from transformers import (
         CLIPVisionConfig,
         LlavaConfig,
@@ -134,7 +136,7 @@ def build_vlm(recipe: VLMRecipe):
     # A contrastive tower trains only its CLS token's last layer (the patch tokens of that layer
     # never reach the loss), so a toy-clip tower hands the LM its CLS token too ("full").
     strategy = "full" if vision_weights is not None else "default"
-    tokenizer = vlm_tokenizer(recipe.vocab_size)
+    tokenizer = tokenizer if tokenizer is not None else vlm_tokenizer(recipe.vocab_size)
     text_config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,

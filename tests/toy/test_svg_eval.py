@@ -1,0 +1,166 @@
+"""genalign eval-svg (genalign.toy.svg_eval): SSIM, per-sample measures on known SVGs, intervals, the
+reward-hacking check, checkpoint loading and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from genalign.cli import main
+from genalign.rewards import load_reward
+from genalign.toy.svg_eval import (
+    hacking_check,
+    load_svg_writer,
+    parse_models,
+    score_svgs,
+    ssim,
+    summarize,
+    svg_eval_set,
+    write_svgs,
+)
+
+
+@pytest.fixture(autouse=True)
+def _tiny_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def eval_set():
+    return svg_eval_set(count=12, seed=3)
+
+
+@pytest.fixture(scope="module")
+def reward():
+    return load_reward("svg_fidelity", embedder=None, min_reward=-1.0)
+
+
+def test_ssim_is_one_on_equal_images_and_matches_the_formula_on_flat_ones():
+    x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(ssim(x, x), torch.ones(2), atol=1e-5)
+    noisy = (x + 0.2 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    assert (ssim(x, noisy) < 0.9).all()
+    a, b, c1 = 0.3, 0.8, 0.01**2  # flat images: no variance, so SSIM is the luminance term alone
+    flat_a, flat_b = torch.full((1, 3, 16, 16), a), torch.full((1, 3, 16, 16), b)
+    expected = (2 * a * b + c1) / (a * a + b * b + c1)
+    assert ssim(flat_a, flat_b).item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_reference_svgs_score_perfectly_and_missing_ones_at_the_floor(eval_set, reward):
+    perfect = score_svgs(eval_set.reference_svgs, eval_set, reward)
+    assert perfect["valid"] == [1.0] * len(eval_set)
+    assert max(perfect["pixel_mse"]) == pytest.approx(0.0, abs=1e-12)
+    assert min(perfect["ssim"]) == pytest.approx(1.0, abs=1e-5)
+    assert perfect["length_ratio"] == pytest.approx([1.0] * len(eval_set))
+    assert min(perfect["image"]) == pytest.approx(1.0, abs=1e-5)
+    assert sum(perfect["shapes_eval"]) >= 0.9 * len(eval_set)  # the verifier reads ground truth back
+    missing = score_svgs([""] * len(eval_set), eval_set, reward)
+    assert missing["valid"] == [0.0] * len(eval_set)
+    assert missing["score"] == [-1.0] * len(eval_set)
+    assert all(math.isnan(v) for v in missing["length_ratio"])
+    assert sum(missing["shapes_eval"]) == 0  # a blank canvas shows no object
+    white = torch.ones_like(eval_set.images)
+    assert missing["pixel_mse"] == pytest.approx(
+        ((white - eval_set.images) ** 2).mean(dim=(1, 2, 3)).tolist()
+    )
+
+
+def test_summary_intervals_cover_their_means(eval_set, reward):
+    half = eval_set.reference_svgs[:6] + ["<svg><rect"] * 6  # malformed: not rendered
+    summary = summarize(score_svgs(half, eval_set, reward))
+    assert summary["validity"]["mean"] == pytest.approx(0.5)
+    low, high = summary["validity"]["ci"]
+    assert 0 < low < 0.5 < high < 1
+    for name in ("score", "pixel_mse", "ssim", "shapes_eval"):
+        stats = summary[name]
+        assert stats["ci"][0] <= stats["mean"] <= stats["ci"][1]
+    assert summary["length_ratio"]["n"] == 6  # valid SVGs only
+
+
+def _samples(score, shapes, length, categories=("a", "b") * 20):
+    n = len(categories)
+    return {
+        "score": list(score),
+        "shapes_eval": list(shapes),
+        "length_ratio": list(length),
+        "valid": [1.0] * n,
+        "category": list(categories),
+    }
+
+
+def test_the_hacking_check_flags_fidelity_without_the_verifier_and_length_collapse():
+    gen = torch.Generator().manual_seed(0)
+    base = (0.5 + 0.1 * torch.randn(40, generator=gen)).tolist()
+    shapes = (torch.rand(40, generator=gen) < 0.5).float().tolist()
+    before = _samples(base, shapes, [1.0] * 40)
+    hacked = _samples([s + 0.2 for s in base], shapes, [0.3] * 40)  # reward up, verifier flat, short
+    check = hacking_check(before, hacked)
+    assert check["fidelity_up_verifier_flat"] and check["length_collapse"]
+    assert check["changes"]["score"]["change"] == pytest.approx(0.2)
+    honest = _samples([s + 0.2 for s in base], [1.0] * 40, [0.95] * 40)  # reward and verifier both up
+    check = hacking_check(before, honest)
+    assert not check["fidelity_up_verifier_flat"] and not check["length_collapse"]
+    assert check["changes"]["shapes_eval"]["ci"][0] > 0
+
+
+class _FencedPolicy:
+    """A stand-in writer: answers each scene with its reference inside a Markdown fence and prose."""
+
+    def __init__(self, references):
+        self.references = references
+
+    def rollout(self, prompts, seeds, temperature, max_new_tokens, images=None):
+        texts = [f"Here:\n```svg\n{self.references[int(s)]}\n```\ndone" for s in seeds]
+        return type("Out", (), {"completions": texts})()
+
+
+def test_write_svgs_extracts_the_document_from_each_completion(eval_set):
+    svgs = write_svgs(_FencedPolicy(eval_set.reference_svgs), eval_set, batch_size=5)
+    assert svgs == eval_set.reference_svgs
+
+
+def test_a_checkpoint_folder_loads_as_its_base_model_with_the_trained_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    base = load_svg_writer("tiny:qwen2")
+    state = {n: p.detach() + 0.5 for n, p in base.model.named_parameters()}
+    run = tmp_path / "run"
+    (run / "checkpoints" / "checkpoint-00000010").mkdir(parents=True)
+    (run / "recipe.json").write_text(json.dumps({"model": {"path": "tiny:qwen2", "lora": None}}))
+    save_file(
+        {n: t.contiguous() for n, t in state.items()},
+        str(run / "checkpoints/checkpoint-00000010/weights.trainable.safetensors"),
+    )
+    loaded = load_svg_writer(run / "checkpoints" / "checkpoint-00000010")
+    for name, parameter in loaded.model.named_parameters():
+        assert torch.equal(parameter, state[name])
+    (run / "recipe.json").unlink()
+    with pytest.raises(FileNotFoundError, match="recipe.json"):
+        load_svg_writer(run / "checkpoints" / "checkpoint-00000010")
+
+
+def test_parse_models_keeps_order_and_refuses_bad_items():
+    assert list(parse_models(["b=x", "a=y", "z"]).items()) == [("b", "x"), ("a", "y"), ("z", "z")]
+    with pytest.raises(ValueError, match="LABEL=PATH"):
+        parse_models(["sft="])
+    with pytest.raises(ValueError, match="given twice"):
+        parse_models(["a=x", "a=y"])
+
+
+def test_the_command_line_writes_a_report_with_both_models_and_their_comparison(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    args = ["eval-svg", "one=tiny:llava", "two=tiny:llava", "--count", "6", "--max-new-tokens", "6"]
+    assert main([*args, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["models"]) == ["one", "two"]
+    assert report["models"]["one"]["validity"]["n"] == 6
+    assert "one -> two" in report["comparisons"]
+    printed = capsys.readouterr().out
+    assert "| validity |" in printed and "length collapse" in printed
+    assert main(["eval-svg", "bad="]) == 2  # bad user input: one line naming the item
+    error = capsys.readouterr().err.strip()
+    assert "LABEL=PATH" in error and "'bad='" in error and len(error.splitlines()) == 1
