@@ -31,3 +31,12 @@ def test_importing_the_model_libraries_after_the_cli_prints_no_startup_notice():
     for fragments in STARTUP_NOISE.values():
         for fragment in fragments:
             assert fragment not in out.stderr, out.stderr
+
+
+def test_importing_the_python_api_prints_no_startup_notice():
+    """A library user (no CLI) who imports the trainer, which imports diffusers and transformers."""
+    code = "import genalign.trainers.trainer; from genalign.pipelines import RLGPipeline"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    for fragments in STARTUP_NOISE.values():
+        for fragment in fragments:
+            assert fragment not in out.stderr, out.stderr
