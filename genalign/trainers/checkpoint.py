@@ -46,6 +46,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import genalign
+from genalign.trainers.recipe_diff import recipe_changes
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +281,7 @@ def save_checkpoint(
     keep_last: int | None = None,
     recipe_name: str | None = None,
     recipe_fingerprint: str | None = None,
+    recipe_data: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint atomically and return its directory.
 
@@ -302,7 +304,8 @@ def save_checkpoint(
         keep_last: keep this many checkpoints (the new one and the highest-step others); older
             ones are deleted after the new one is complete. ``None`` keeps all.
         recipe_name / recipe_fingerprint: identify the recipe; :func:`load_checkpoint` checks the
-            fingerprint.
+            fingerprint. recipe_data: the fingerprinted recipe (JSON data), stored so that a later
+            resume can tell options added since from changed ones.
 
     Returns:
         The checkpoint directory.
@@ -344,7 +347,7 @@ def save_checkpoint(
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "step": step,
-            "recipe": {"name": recipe_name, "fingerprint": recipe_fingerprint},
+            "recipe": {"name": recipe_name, "fingerprint": recipe_fingerprint, "data": recipe_data},
             "genalign_version": genalign.__version__,
             "torch_version": torch.__version__,
             "tensor_groups": sorted(tensors),
@@ -468,13 +471,19 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CorruptCheckpointError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
 
 
-def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    expected_recipe: str | None = None,
+    expected_data: Mapping[str, Any] | None = None,
+) -> Checkpoint:
     """Read a checkpoint directory written by :func:`save_checkpoint`.
 
     Args:
         path: the ``checkpoint-XXXXXXXX`` directory.
         expected_recipe: the current recipe's fingerprint; a different one raises
-            :class:`RecipeMismatchError`.
+            :class:`RecipeMismatchError`, unless ``expected_data`` (the current recipe's
+            fingerprinted data) differs from the data the checkpoint stored only by options the
+            stored recipe did not have (added by a later genalign): then a warning names them.
 
     Raises:
         FileNotFoundError: ``path`` is not a directory.
@@ -495,11 +504,7 @@ def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None)
         )
     recipe = meta.get("recipe") or {}
     if expected_recipe is not None and recipe.get("fingerprint") != expected_recipe:
-        raise RecipeMismatchError(
-            f"checkpoint from another recipe: {path} was saved by recipe {recipe.get('name')!r} "
-            f"with fingerprint {recipe.get('fingerprint')!r}, but this run's recipe has fingerprint "
-            f"{expected_recipe!r}"
-        )
+        _check_recipe_changes(path, recipe, expected_recipe, expected_data)
     checksums = meta.get("sha256", {})  # absent in checkpoints written before checksums
     for name in meta["files"]:
         file = _require(path, name)
@@ -524,7 +529,32 @@ def load_checkpoint(path: str | os.PathLike, expected_recipe: str | None = None)
     )
 
 
-def load_latest_intact(run_dir: str | os.PathLike, expected_recipe: str | None = None) -> Checkpoint | None:
+def _check_recipe_changes(
+    path: Path, recipe: Mapping[str, Any], expected: str, expected_data: Mapping[str, Any] | None
+) -> None:
+    """A fingerprint mismatch: accept only options added since the checkpoint, else refuse."""
+    message = (
+        f"checkpoint from another recipe: {path} was saved by recipe {recipe.get('name')!r} "
+        f"with fingerprint {recipe.get('fingerprint')!r}, but this run's recipe has fingerprint {expected!r}"
+    )
+    stored = recipe.get("data")
+    if not isinstance(stored, Mapping) or expected_data is None:
+        raise RecipeMismatchError(message)
+    changes = recipe_changes(stored, expected_data)
+    if not changes.compatible:
+        raise RecipeMismatchError(f"{message}; changed: {changes.describe()}")
+    logger.warning(
+        "resuming %s, written before these options existed (they take this recipe's values): %s",
+        path,
+        ", ".join(changes.added),
+    )
+
+
+def load_latest_intact(
+    run_dir: str | os.PathLike,
+    expected_recipe: str | None = None,
+    expected_data: Mapping[str, Any] | None = None,
+) -> Checkpoint | None:
     """The newest checkpoint of a run that loads intact, or ``None`` when the run has none.
 
     A damaged checkpoint (:class:`CorruptCheckpointError`) is skipped with a warning that names it
@@ -534,7 +564,7 @@ def load_latest_intact(run_dir: str | os.PathLike, expected_recipe: str | None =
     skipped = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            checkpoint = load_checkpoint(path, expected_recipe=expected_recipe)
+            checkpoint = load_checkpoint(path, expected_recipe=expected_recipe, expected_data=expected_data)
         except CorruptCheckpointError as error:
             logger.warning("skipping damaged checkpoint %s: %s", path.name, error)
             skipped.append(f"{path.name}: {error}")

@@ -485,8 +485,17 @@ class RecipeConfig:
 
         ``prompts``: the loaded prompt pool. With ``prompts.file`` the recipe holds only the file's
         name, so the pool's contents are hashed in: editing the file changes the fingerprint and a
-        resume with other prompts is refused.
+        resume with other prompts is refused. The hash of :meth:`fingerprint_data`.
         """
+        blob = json.dumps(self._fingerprinted(prompts), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def fingerprint_data(self, prompts: Sequence[str] | None = None) -> dict[str, Any]:
+        """The recipe as :meth:`fingerprint` hashes it, as JSON data (checkpoints store it, so that
+        a resume after an upgrade that added options can tell new options from changed ones)."""
+        return json.loads(json.dumps(self._fingerprinted(prompts), sort_keys=True, default=str))
+
+    def _fingerprinted(self, prompts: Sequence[str] | None) -> dict[str, Any]:
         data = to_dict(self)
         data.pop("logging")
         data["train"].pop("num_steps")
@@ -500,8 +509,7 @@ class RecipeConfig:
             data["prompts"]["contents"] = hashlib.sha256("\n".join(prompts).encode()).hexdigest()
         if hasattr(prompts, "digest"):  # a PromptPool: its metadata (images, SVGs) too
             data["prompts"]["contents"] = prompts.digest()
-        blob = json.dumps(data, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return data
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RecipeConfig:

@@ -90,6 +90,7 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
             keep_last=trainer.config.logging.keep_last,
             recipe_name=trainer.config.name,
             recipe_fingerprint=trainer.fingerprint,
+            recipe_data=trainer.config.fingerprint_data(trainer.prompts),
         )
         logger.info("saved checkpoint %s", path)
     trainer.accelerator.wait_for_everyone()
@@ -100,10 +101,11 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
 def resume_trainer(trainer: Trainer, where: str) -> None:
     """Continue from ``"latest"`` (in the run folder) or a checkpoint folder."""
     fingerprint = trainer.fingerprint
+    data = trainer.config.fingerprint_data(trainer.prompts)
     if where == "latest":  # the newest intact one: damaged ones are skipped with a warning
-        checkpoint = load_latest_intact(trainer.run_dir, expected_recipe=fingerprint)
+        checkpoint = load_latest_intact(trainer.run_dir, expected_recipe=fingerprint, expected_data=data)
     else:
-        checkpoint = load_checkpoint(Path(where), expected_recipe=fingerprint)
+        checkpoint = load_checkpoint(Path(where), expected_recipe=fingerprint, expected_data=data)
     if checkpoint is None:  # nothing to continue: a fresh run, without the earlier run's metric lines
         logger.warning(
             "resume=latest: no checkpoint in %s yet; starting a fresh run at step 0", trainer.run_dir

@@ -138,7 +138,39 @@ def test_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
 def test_checkpoint_from_another_recipe_is_refused(tmp_path):
     make_trainer(tmp_path, "train.num_steps=1").train()
     other = make_trainer(tmp_path, "train.num_steps=2", "train.learning_rate=0.5", "logging.resume=latest")
-    with pytest.raises(RecipeMismatchError, match="another recipe"):
+    with pytest.raises(RecipeMismatchError, match=r"another recipe.*changed: train\.learning_rate: .* -> 0\.5"):
+        other.train()
+
+
+def _age_checkpoints(run_dir: Path, drop: str) -> None:
+    """Make the run's checkpoints look written by an older genalign, before option ``drop`` existed."""
+    for meta_path in run_dir.glob("checkpoints/*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        section, key = drop.split(".")
+        del meta["recipe"]["data"][section][key]
+        meta["recipe"]["fingerprint"] = "0123456789abcdef"  # the old code hashed the data without it
+        meta_path.write_text(json.dumps(meta))
+
+
+def test_resume_accepts_options_added_after_the_checkpoint(tmp_path, caplog):
+    straight = make_trainer(tmp_path / "a", "train.num_steps=3")
+    straight.train()
+    make_trainer(tmp_path / "b", "train.num_steps=2").train()
+    _age_checkpoints(tmp_path / "b" / "run", "train.token_ppo")
+    resumed = make_trainer(tmp_path / "b", "train.num_steps=3", "logging.resume=latest")
+    with caplog.at_level("WARNING", logger="genalign.trainers.checkpoint"):
+        resumed.train()
+    assert "written before these options existed" in caplog.text and "train.token_ppo" in caplog.text
+    a, b = params(straight), params(resumed)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+
+
+def test_resume_of_an_older_checkpoint_still_refuses_a_changed_option(tmp_path):
+    make_trainer(tmp_path, "train.num_steps=1").train()
+    _age_checkpoints(tmp_path / "run", "train.token_ppo")
+    other = make_trainer(tmp_path, "train.num_steps=2", "train.clip_range=0.5", "logging.resume=latest")
+    with pytest.raises(RecipeMismatchError, match=r"changed: train\.clip_range"):
         other.train()
 
 
