@@ -37,9 +37,11 @@ Q-Hawkeye's per-sample scale of the GRPO advantages (:func:`uncertainty_weights`
 **A trained judge's answer (``preset="answer"``).** A Q-Hawkeye judge (``train.method:
 q_hawkeye``) answers in text: the reward asks it ``question`` about each image (the user turn
 image-then-text, as the ``language`` policy renders it), decodes greedily up to ``max_new_tokens``
-and returns the number in the first ``<answer>...</answer>`` clamped to [``score_min``,
-``score_max``]; a completion without one scores ``score_min`` (counted in
-``details["answer_parsed"]``). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+and returns the number in the first ``<answer>...</answer>`` clamped to ``answer_range``
+(default [1, 5]); a completion without one scores the range's floor (counted in
+``details["answer_parsed"]``). With ``num_samples`` N > 0 the score is the mean of the numbers
+parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``): a small judge's
+greedy digits are a poor point estimate of the distribution it learnt. ``preset=None`` (the default) reads ``iqa_judge.json`` in the
 model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
 budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
 learnt to answer; a folder without that file gets ``qalign``.
@@ -197,8 +199,9 @@ class VLMQualityReward(VLMJudgeReward):
             "answer" (a trained judge's ``<answer>``, module docstring). None: the model folder's
             ``iqa_judge.json`` if it has one, else "qalign".
         question, max_new_tokens, answer_range: the "answer" preset's question (default the
-            folder's ``iqa_judge.json``, else Q-Hawkeye's official prompt), greedy token budget
-            (64) and score range ((1, 5)).
+            folder's ``iqa_judge.json``, else Q-Hawkeye's official prompt), token budget (64) and
+            score range ((1, 5)); its ``num_samples`` N > 0 averages the answers of N completions
+            sampled at ``sample_temperature`` from ``seed`` (0: one greedy completion).
         prompts: ``(question, answer_prefix)`` pairs, averaged (multi-prompt ensemble).
         levels: a mapping rating word -> value, or a list of such mappings (averaged).
         rescale: map each expectation to [0, 1] with its level set's min and max. Needed when
@@ -215,7 +218,8 @@ class VLMQualityReward(VLMJudgeReward):
             model keyword arguments (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
 
     Scores ``[B]`` in [min value, max value] of the levels ([0, 1] with ``rescale``), or the
-    answer range. Details: ``answer_parsed`` ``[B]`` (1.0 when the answer held a number; "answer"),
+    answer range. Details: ``answer_parsed`` ``[B]`` (the fraction of completions whose answer held a
+    number) and ``answer_var`` (their population variance; "answer"),
     ``member_scores`` ``[B, M]`` (each prompt x level set), and with sampling
     ``score_mean``, ``score_var``, ``uncertainty_weight`` ``[B]`` and ``samples`` ``[B, N]``.
     Not differentiable (images go through the processor as 8-bit PIL images).
@@ -244,12 +248,15 @@ class VLMQualityReward(VLMJudgeReward):
         preset = preset or settings.get("preset", "qalign")
         self.answer: dict[str, Any] | None = None
         if preset == ANSWER_PRESET:
-            if prompts is not None or levels is not None or num_samples:
+            if prompts is not None or levels is not None:
+                raise ValueError("preset 'answer' reads the judge's <answer>: drop prompts and levels")
+            if num_samples < 0 or sample_temperature <= 0:
                 raise ValueError(
-                    "preset 'answer' reads the judge's <answer>: drop prompts, levels and num_samples"
+                    f"need num_samples >= 0 and sample_temperature > 0, got {num_samples}, {sample_temperature}"
                 )
             super().__init__(model, processor, **judge_options)
             self.answer = _answer_settings(settings, question, max_new_tokens, answer_range)
+            self.answer.update(num_samples=int(num_samples), temperature=float(sample_temperature), seed=seed)
             self.score_range = self.answer["answer_range"]
             self.system_prompt = system_prompt if system_prompt is not None else settings.get("system_prompt")
             return
@@ -312,19 +319,30 @@ class VLMQualityReward(VLMJudgeReward):
         return members
 
     def answer_scores(self, images: torch.Tensor) -> RewardOutput:
-        """The "answer" preset: each image's greedy ``<answer>`` number, clamped (module docstring)."""
+        """The "answer" preset (module docstring): each image's greedy ``<answer>`` number, clamped;
+        with ``num_samples`` N, the mean of the numbers parsed from N sampled completions."""
         settings = self.answer
         messages = [self.judge.message("system", self.system_prompt)] if self.system_prompt else []
         messages.append(self.judge.message("user", settings["question"], images=1))
         text = self.judge.render(messages)
+        copies = max(settings["num_samples"], 1)
+        temperature = settings["temperature"] if settings["num_samples"] else None
         completions = self.judge.generate(
-            [text] * len(images), [[image] for image in images], settings["max_new_tokens"]
+            [text] * (len(images) * copies),
+            [[image] for image in images for _ in range(copies)],
+            settings["max_new_tokens"],
+            temperature,
+            settings["seed"],
         )
         low, high = settings["answer_range"]
         parsed = [parse_answer_score(completion) for completion in completions]
-        scores = [low if value is None else min(max(value, low), high) for value in parsed]
-        found = torch.tensor([value is not None for value in parsed], dtype=torch.float32)
-        return RewardOutput(torch.tensor(scores, dtype=torch.float32), {"answer_parsed": found})
+        values = torch.tensor([float("nan") if v is None else min(max(v, low), high) for v in parsed])
+        values = values.view(len(images), copies)
+        found = ~torch.isnan(values)
+        mean = torch.where(found, values, torch.zeros_like(values)).sum(-1) / found.sum(-1).clamp(min=1)
+        scores = torch.where(found.any(-1), mean, torch.full_like(mean, low))
+        details = {"answer_parsed": found.float().mean(-1), "answer_var": rollout_variance(values)}
+        return RewardOutput(scores.float(), details)
 
     def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
         if self.answer is not None:
