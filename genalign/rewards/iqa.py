@@ -40,8 +40,8 @@ image-then-text, as the ``language`` policy renders it), decodes greedily up to 
 and returns the number in the first ``<answer>...</answer>`` clamped to ``answer_range``
 (default [1, 5]); a completion without one scores the range's floor (counted in
 ``details["answer_parsed"]``). With ``num_samples`` N > 0 the score is the mean of the numbers
-parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``): a small judge's
-greedy digits are a poor point estimate of the distribution it learnt. ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``): the expected
+answer of the distribution the judge learnt, where greedy decoding picks each digit alone. ``preset=None`` (the default) reads ``iqa_judge.json`` in the
 model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
 budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
 learnt to answer; a folder without that file gets ``qalign``.
