@@ -32,6 +32,8 @@ from collections import Counter
 import torch
 
 __all__ = [
+    "QHAWKEYE_PROMPT",
+    "SHORT_PROMPT",
     "accuracy_reward",
     "cosine_annealed",
     "format_reward",
@@ -43,6 +45,18 @@ __all__ = [
     "uncertainty_aware_advantages",
 ]
 
+# the official question and format instructions (src/System_Prompt.txt), given as the user turn
+QHAWKEYE_PROMPT = (
+    "You are doing the image quality assessment task. Here is the question: What is your overall "
+    "rating on the quality of this picture?\nPlease provide your response in the following format:\n"
+    "<think>\n[Your detailed analysis of the image quality here]\n</think>\n"
+    "<answer>[Only the numerical score here]\n</answer>\nRequirements:\n"
+    "- The rating should be a float between 1 and 5, rounded to two decimal places\n"
+    "- 1 represents very poor quality and 5 represents excellent quality\n"
+    "- The <answer></answer> tags must contain ONLY the numerical score (e.g., 3.75), no other text"
+)
+# a short question for toy models with a small context
+SHORT_PROMPT = "Rate the quality of this picture from 1 to 5: <think>...</think><answer>x.xx</answer>"
 # the accuracy reward's parser (``grpo_am.py: _ANSWER_TAG_PATTERN``): unsigned digits and dots
 _ACCURACY_ANSWER = re.compile(r"<answer>\s*([\d.]+)\s*</answer>", re.DOTALL | re.IGNORECASE)
 # UA-GRPO's parser (``grpo_trainer.py: _extract_score_from_text``): a signed decimal number

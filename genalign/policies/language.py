@@ -125,6 +125,8 @@ class LanguagePolicy(torch.nn.Module):
             ``target_modules`` must name the model's linear layers, e.g. ``q_proj``), or None for
             full fine-tuning (a frozen copy is kept as the reference).
         train: whether the model is trained at all (False: frozen, its own reference).
+        frozen: under full fine-tuning, parameter-name prefixes that stay frozen (a VLM's
+            ``model.vision_tower``); each must name at least one parameter.
         device, dtype: where and in what precision the frozen weights live (LoRA stays fp32).
     """
 
@@ -138,6 +140,7 @@ class LanguagePolicy(torch.nn.Module):
         train: bool = True,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
+        frozen: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -165,7 +168,23 @@ class LanguagePolicy(torch.nn.Module):
             self._add_lora(train)
         elif train:
             model.requires_grad_(True)
+            self._freeze(frozen)
             self._reference_model = copy.deepcopy(model).requires_grad_(False).eval()
+        if frozen and (self.lora is not None or not train):
+            raise ValueError("frozen applies to full fine-tuning (no lora, train=True)")
+
+    def _freeze(self, prefixes: Sequence[str]) -> None:
+        """Stop gradients to the parameters under each name prefix (``model.frozen``)."""
+        named = dict(self.model.named_parameters())
+        for prefix in prefixes:
+            hits = [name for name in named if name == prefix or name.startswith(prefix + ".")]
+            if not hits:
+                example = next(iter(named), "")
+                raise ValueError(
+                    f"model.frozen entry {prefix!r} names no parameter (they look like {example!r})"
+                )
+            for name in hits:
+                named[name].requires_grad_(False)
 
     def _add_lora(self, train: bool) -> None:
         spec = self.lora
@@ -204,6 +223,7 @@ class LanguagePolicy(torch.nn.Module):
         train: bool = True,
         dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
+        frozen: Sequence[str] = (),
         **model_kwargs: Any,
     ) -> LanguagePolicy:
         """Load from a hub id (e.g. ``Qwen/Qwen2.5-0.5B-Instruct``) or a local transformers folder.
@@ -234,7 +254,7 @@ class LanguagePolicy(torch.nn.Module):
         loader = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
         model = loader.from_pretrained(str(path), **model_kwargs)
         processor = (AutoProcessor if vlm else AutoTokenizer).from_pretrained(str(path))
-        return cls(model, processor, lora=lora, train=train, device=device, dtype=dtype)
+        return cls(model, processor, lora=lora, train=train, device=device, dtype=dtype, frozen=frozen)
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write the trained weights with the tokenizer or processor: under LoRA a peft adapter

@@ -34,6 +34,18 @@ would give) — one word per ensemble member, averaged like the score — and ``
 their mean ``score_mean`` and population variance ``score_var``, plus ``uncertainty_weight``,
 Q-Hawkeye's per-sample scale of the GRPO advantages (:func:`uncertainty_weights`).
 
+**A trained judge's answer (``preset="answer"``).** A Q-Hawkeye judge (``train.method:
+q_hawkeye``) answers in text: the reward asks it ``question`` about each image (the user turn
+image-then-text, as the ``language`` policy renders it), decodes greedily up to ``max_new_tokens``
+and returns the number in the first ``<answer>...</answer>`` clamped to ``answer_range``
+(default [1, 5]); a completion without one scores the range's floor (counted in
+``details["answer_parsed"]``). With ``num_samples`` N > 0 the score is the mean of the numbers
+parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``): the expected
+answer of the distribution the judge learnt, where greedy decoding picks each digit alone. ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
+budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
+learnt to answer; a folder without that file gets ``qalign``.
+
 **``clip_iqa``.** Wang et al., "Exploring CLIP for Assessing the Look and Feel of Images",
 AAAI 2023 (antonym prompt pairing): with antonym prompts ("Good photo.", "Bad photo."), the
 score is the softmax probability of the positive prompt over the pair, ``s = softmax(t * cos(x,
@@ -43,14 +55,17 @@ IQA-PyTorch's re-implementation does). Differentiable.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from genalign.algorithms.q_hawkeye import QHAWKEYE_PROMPT, parse_answer_score
 from genalign.rewards.base import RewardOutput, register_reward
 from genalign.rewards.clip_models import CLIPBackendReward
 from genalign.rewards.vlm import (
@@ -74,6 +89,25 @@ PRESETS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[Mapping[str, float],
     "qalign": (QALIGN_PROMPTS, (QALIGN_LEVELS,)),
     "qboost": (QBOOST_PROMPTS, (QBOOST_LEVELS,)),
 }
+ANSWER_PRESET = "answer"  # a trained judge's <answer> (module docstring)
+JUDGE_FILE = "iqa_judge.json"  # a q_hawkeye run's final/ holds its question and token budget
+JUDGE_KEYS = ("preset", "question", "max_new_tokens", "answer_range", "system_prompt")
+
+
+def judge_settings(model: Any) -> dict[str, Any]:
+    """The ``iqa_judge.json`` of a model folder (empty when ``model`` is not a folder holding one);
+    unknown keys fail naming the file."""
+    if not isinstance(model, (str, os.PathLike)) or not (Path(model) / JUDGE_FILE).is_file():
+        return {}
+    path = Path(model) / JUDGE_FILE
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from error
+    unknown = sorted(set(settings) - set(JUDGE_KEYS)) if isinstance(settings, dict) else ["<not an object>"]
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; known: {list(JUDGE_KEYS)}")
+    return settings
 
 
 # -- Q-Hawkeye -------------------------------------------------------------------------------------
@@ -115,6 +149,27 @@ def uncertainty_weights(
     return torch.exp(-alpha * uncertainty)
 
 
+def _answer_settings(
+    settings: Mapping[str, Any], question: str | None, max_new_tokens: int | None, answer_range: Any
+) -> dict[str, Any]:
+    """The "answer" preset's question, token budget and range: the arguments, else the folder's
+    ``iqa_judge.json``, else the defaults; bad values fail naming the argument."""
+    question = question if question is not None else settings.get("question", QHAWKEYE_PROMPT)
+    tokens = max_new_tokens if max_new_tokens is not None else settings.get("max_new_tokens", 64)
+    bounds = answer_range if answer_range is not None else settings.get("answer_range", (1.0, 5.0))
+    if not isinstance(question, str) or not question:
+        raise ValueError(f"question must be a non-empty string, got {question!r}")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {tokens!r}")
+    try:
+        low, high = (float(b) for b in bounds)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"answer_range must be two numbers (low, high), got {bounds!r}") from error
+    if not low < high:
+        raise ValueError(f"answer_range must have low < high, got {bounds!r}")
+    return {"question": question, "max_new_tokens": tokens, "answer_range": (low, high)}
+
+
 # -- the VLM rating reward -------------------------------------------------------------------------
 
 
@@ -139,8 +194,14 @@ class VLMQualityReward(VLMJudgeReward):
 
     Args:
         model, processor: the VLM (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
-        preset: "qalign" (one prompt, 5 levels, score in [1, 5]) or "qboost" (4 prompts, the
-            good/average/poor triad, score in [0, 1]); ``prompts`` / ``levels`` override it.
+        preset: "qalign" (one prompt, 5 levels, score in [1, 5]), "qboost" (4 prompts, the
+            good/average/poor triad, score in [0, 1]); ``prompts`` / ``levels`` override it; or
+            "answer" (a trained judge's ``<answer>``, module docstring). None: the model folder's
+            ``iqa_judge.json`` if it has one, else "qalign".
+        question, max_new_tokens, answer_range: the "answer" preset's question (default the
+            folder's ``iqa_judge.json``, else Q-Hawkeye's official prompt), token budget (64) and
+            score range ((1, 5)); its ``num_samples`` N > 0 averages the answers of N completions
+            sampled at ``sample_temperature`` from ``seed`` (0: one greedy completion).
         prompts: ``(question, answer_prefix)`` pairs, averaged (multi-prompt ensemble).
         levels: a mapping rating word -> value, or a list of such mappings (averaged).
         rescale: map each expectation to [0, 1] with its level set's min and max. Needed when
@@ -156,8 +217,10 @@ class VLMQualityReward(VLMJudgeReward):
             ``batch_size``, ``pad_to_square``, ``device``, ``dtype``, ``trust_remote_code`` and
             model keyword arguments (see :class:`~genalign.rewards.vlm.VLMJudgeReward`).
 
-    Scores ``[B]`` in [min value, max value] of the levels ([0, 1] with ``rescale``).
-    Details: ``member_scores`` ``[B, M]`` (each prompt x level set), and with sampling
+    Scores ``[B]`` in [min value, max value] of the levels ([0, 1] with ``rescale``), or the
+    answer range. Details: ``answer_parsed`` ``[B]`` (the fraction of completions whose answer held a
+    number) and ``answer_var`` (their population variance; "answer"),
+    ``member_scores`` ``[B, M]`` (each prompt x level set), and with sampling
     ``score_mean``, ``score_var``, ``uncertainty_weight`` ``[B]`` and ``samples`` ``[B, N]``.
     Not differentiable (images go through the processor as 8-bit PIL images).
     """
@@ -166,7 +229,7 @@ class VLMQualityReward(VLMJudgeReward):
         self,
         model: str | os.PathLike | torch.nn.Module,
         processor: str | os.PathLike | Any = None,
-        preset: str = "qalign",
+        preset: str | None = None,
         prompts: Sequence[tuple[str, str]] | None = None,
         levels: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         rescale: bool = False,
@@ -176,10 +239,29 @@ class VLMQualityReward(VLMJudgeReward):
         seed: int | None = None,
         uncertainty_alpha: float = 0.2,
         rating_templates: Sequence[str] = RATING_TEMPLATES,
+        question: str | None = None,
+        max_new_tokens: int | None = None,
+        answer_range: Sequence[float] | None = None,
         **judge_options: Any,
     ) -> None:
+        settings = judge_settings(model) if preset is None else {}
+        preset = preset or settings.get("preset", "qalign")
+        self.answer: dict[str, Any] | None = None
+        if preset == ANSWER_PRESET:
+            if prompts is not None or levels is not None:
+                raise ValueError("preset 'answer' reads the judge's <answer>: drop prompts and levels")
+            if num_samples < 0 or sample_temperature <= 0:
+                raise ValueError(
+                    f"need num_samples >= 0 and sample_temperature > 0, got {num_samples}, {sample_temperature}"
+                )
+            super().__init__(model, processor, **judge_options)
+            self.answer = _answer_settings(settings, question, max_new_tokens, answer_range)
+            self.answer.update(num_samples=int(num_samples), temperature=float(sample_temperature), seed=seed)
+            self.score_range = self.answer["answer_range"]
+            self.system_prompt = system_prompt if system_prompt is not None else settings.get("system_prompt")
+            return
         if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+            raise ValueError(f"preset must be one of {sorted([*PRESETS, ANSWER_PRESET])}, got {preset!r}")
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         if sample_temperature <= 0:
@@ -236,7 +318,35 @@ class VLMQualityReward(VLMJudgeReward):
                 members.append((index, aggregate_word_logits(logits, ids)))
         return members
 
+    def answer_scores(self, images: torch.Tensor) -> RewardOutput:
+        """The "answer" preset (module docstring): each image's greedy ``<answer>`` number, clamped;
+        with ``num_samples`` N, the mean of the numbers parsed from N sampled completions."""
+        settings = self.answer
+        messages = [self.judge.message("system", self.system_prompt)] if self.system_prompt else []
+        messages.append(self.judge.message("user", settings["question"], images=1))
+        text = self.judge.render(messages)
+        copies = max(settings["num_samples"], 1)
+        temperature = settings["temperature"] if settings["num_samples"] else None
+        completions = self.judge.generate(
+            [text] * (len(images) * copies),
+            [[image] for image in images for _ in range(copies)],
+            settings["max_new_tokens"],
+            temperature,
+            settings["seed"],
+        )
+        low, high = settings["answer_range"]
+        parsed = [parse_answer_score(completion) for completion in completions]
+        values = torch.tensor([float("nan") if v is None else min(max(v, low), high) for v in parsed])
+        values = values.view(len(images), copies)
+        found = ~torch.isnan(values)
+        mean = torch.where(found, values, torch.zeros_like(values)).sum(-1) / found.sum(-1).clamp(min=1)
+        scores = torch.where(found.any(-1), mean, torch.full_like(mean, low))
+        details = {"answer_parsed": found.float().mean(-1), "answer_var": rollout_variance(values)}
+        return RewardOutput(scores.float(), details)
+
     def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
+        if self.answer is not None:
+            return self.answer_scores(images)
         members = self.member_word_logits(images)
         expectations = []
         for index, word_logits in members:
@@ -274,6 +384,8 @@ class VLMQualityReward(VLMJudgeReward):
         return torch.stack(draws, dim=0).mean(dim=0).to(members[0][1].device)
 
     def extra_repr(self) -> str:
+        if self.answer is not None:
+            return f"preset=answer, max_new_tokens={self.answer['max_new_tokens']}, range={self.answer['answer_range']}"
         words = [list(s) for s in self.level_sets]
         return f"prompts={len(self.prompts)}, levels={words}, rescale={self.rescale}, num_samples={self.num_samples}"
 

@@ -397,17 +397,35 @@ class VLMJudge(torch.nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, texts: Sequence[str], images: Sequence[Sequence[ImageLike]], max_new_tokens: int
+        self,
+        texts: Sequence[str],
+        images: Sequence[Sequence[ImageLike]],
+        max_new_tokens: int,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> list[str]:
-        """Greedy continuations of the rendered ``texts`` (up to ``max_new_tokens`` tokens each).
+        """Greedy continuations of the rendered ``texts`` (up to ``max_new_tokens`` tokens each), or
+        with ``temperature`` samples of ``softmax(logits / temperature)`` (no top-k / top-p), drawn
+        from the global RNG reseeded with ``seed`` when given (then restored).
 
         Decoded without special tokens; generation stops at the model's end-of-sequence ids.
         """
+        sampling = {"do_sample": False}
+        if temperature is not None:
+            sampling = {"do_sample": True, "temperature": float(temperature), "top_k": 0, "top_p": 1.0}
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return self._generate(texts, images, max_new_tokens, sampling)
+
+    def _generate(
+        self, texts: Sequence[str], images: Sequence[Sequence[ImageLike]], max_new_tokens: int, sampling: dict
+    ) -> list[str]:
         outputs: list[str] = []
         for chunk in self._chunks(len(texts)):
             inputs = self.encode(texts[chunk], images[chunk])
             sequences = self.model.generate(
-                **inputs, max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1
+                **inputs, max_new_tokens=int(max_new_tokens), num_beams=1, **sampling
             )
             new_tokens = sequences[:, inputs["input_ids"].shape[1] :]
             decoded = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)

@@ -50,13 +50,16 @@ class ModelConfig:
 
     ``family``: a registered policy family (``genalign list``); ``path``: hub id, local folder or
     ``tiny:NAME``; ``lora``: LoRA adapters (None: full fine-tuning of the denoiser); ``dtype``:
-    weight dtype of the frozen parts, e.g. "bfloat16" (None: the checkpoint's).
+    weight dtype of the frozen parts, e.g. "bfloat16" (None: the checkpoint's); ``frozen``: under
+    full fine-tuning of a ``language`` model, parameter-name prefixes kept frozen (e.g.
+    ``[model.vision_tower]``: a VLM's image encoder, which Adam's normalised noise would move).
     """
 
     family: str = "sd"
     path: str = ""
     lora: LoRAConfig | None = field(default_factory=LoRAConfig)
     dtype: str | None = None
+    frozen: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -382,6 +385,10 @@ class RecipeConfig:
                 f"train.loss {loss!r} trains token sequences of the 'language' family, but model.family is {self.model.family!r}"
             )
         if not language:
+            if self.model.frozen:
+                raise ConfigError(
+                    f"model.frozen is for the 'language' family, but model.family is {self.model.family!r}"
+                )
             if strategy in ("svg", "sft", "q_hawkeye"):
                 raise ConfigError(
                     f"train.strategy {strategy!r} is for the 'language' family, but model.family is {self.model.family!r}"
@@ -406,6 +413,10 @@ class RecipeConfig:
                 "train.fsdp: the 'language' family is not sharded yet; train it with DDP or on one process"
             )
         lora = self.model.lora
+        if self.model.frozen and lora is not None:
+            raise ConfigError(
+                "model.frozen applies to full fine-tuning; under model.lora only the adapters train"
+            )
         if lora is not None and list(lora.target_modules) == LoRAConfig().target_modules:
             raise ConfigError(
                 f"model.lora.target_modules {list(lora.target_modules)} are a diffusers denoiser's layers; "

@@ -6,12 +6,15 @@
   ``transformer/``), gathered from the shards under FSDP;
 * the ``language`` family: a peft adapter folder under LoRA or the whole model in transformers
   format, with the tokenizer or processor (:meth:`~genalign.policies.LanguagePolicy.save_pretrained`);
+  a Q-Hawkeye judge's also holds ``iqa_judge.json`` (its question and token budget), which
+  ``load_reward("iqa", model=final)`` reads;
 * a joint run (:class:`~genalign.policies.JointPolicy`): each trained policy's, as above, in a
   folder named after it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +38,37 @@ def export_trained_weights(trainer: Trainer, out: Path) -> Path:
     return _export_policy(trainer, policy, out)
 
 
+def _judge_settings(trainer: Trainer) -> dict[str, Any]:
+    """What ``load_reward("iqa", model=final)`` needs to ask a Q-Hawkeye judge what it was trained
+    to answer (``genalign.rewards.iqa``, preset "answer"): the question (when every prompt of the
+    pool is the same), the token budget, the score range and the system prompt; empty for other
+    methods."""
+    config = trainer.config
+    if config.train.method != "q_hawkeye":
+        return {}
+    language, options = config.sampling.language, config.train.q_hawkeye
+    settings: dict[str, Any] = {
+        "preset": "answer",
+        "max_new_tokens": int(language.max_new_tokens),
+        "answer_range": [float(options.score_min), float(options.score_max)],
+    }
+    questions = set(trainer.prompts)
+    if len(questions) == 1:
+        settings["question"] = questions.pop()
+    if language.system_prompt:
+        settings["system_prompt"] = language.system_prompt
+    return settings
+
+
 def _export_policy(trainer: Trainer, policy: Any, out: Path) -> Path:
     from genalign.trainers.distributed import full_state
 
     if isinstance(policy, LanguagePolicy):
         if trainer.is_main_process:
             policy.save_pretrained(out)
+            judge = _judge_settings(trainer)
+            if judge:
+                (out / "iqa_judge.json").write_text(json.dumps(judge, indent=2) + "\n", encoding="utf-8")
         trainer.accelerator.wait_for_everyone()
         return out
     pipeline = policy.pipeline

@@ -24,23 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from genalign.algorithms.q_hawkeye import QHAWKEYE_PROMPT, SHORT_PROMPT
 from genalign.trainers.prompt_pool import PromptPool, _load_image
 from genalign.utils.degradations import DEGRADATION_KINDS, degradation_pair
 
-__all__ = ["QHAWKEYE_PROMPT", "SHORT_PROMPT", "quality_pool", "read_mos_records"]
-
-# the official question and format instructions (src/System_Prompt.txt), given as the user turn
-QHAWKEYE_PROMPT = (
-    "You are doing the image quality assessment task. Here is the question: What is your overall "
-    "rating on the quality of this picture?\nPlease provide your response in the following format:\n"
-    "<think>\n[Your detailed analysis of the image quality here]\n</think>\n"
-    "<answer>[Only the numerical score here]\n</answer>\nRequirements:\n"
-    "- The rating should be a float between 1 and 5, rounded to two decimal places\n"
-    "- 1 represents very poor quality and 5 represents excellent quality\n"
-    "- The <answer></answer> tags must contain ONLY the numerical score (e.g., 3.75), no other text"
-)
-# a short question for toy models with a small context
-SHORT_PROMPT = "Rate the quality of this picture from 1 to 5: <think>...</think><answer>x.xx</answer>"
+__all__ = ["QHAWKEYE_PROMPT", "SHORT_PROMPT", "quality_pool", "quality_pool_of", "read_mos_records"]
 
 
 def _resolve(path: str | Path) -> Path:
@@ -106,6 +94,21 @@ def quality_pool(
     ``degradation_pair(image, seed + index, kinds)``, so the pool is a function of its arguments
     (and part of the recipe fingerprint)."""
     images, mos, _ = read_mos_records(records, size, limit)
+    return quality_pool_of(images, mos, prompt, seed, kinds)
+
+
+def quality_pool_of(
+    images: torch.Tensor,
+    mos: list[float] | torch.Tensor,
+    prompt: str = QHAWKEYE_PROMPT,
+    seed: int = 0,
+    kinds: tuple[str, ...] | list[str] = DEGRADATION_KINDS,
+    **columns: Any,
+) -> PromptPool:
+    """:func:`quality_pool` of images already in memory (``[N, 3, H, W]`` in [0, 1]) with their
+    ``mos`` ``[N]``; ``columns`` are extra per-image metadata (``completions``: SFT targets)."""
+    if len(images) != len(mos):
+        raise ValueError(f"got {len(images)} images but {len(mos)} MOS values")
     degraded, first, second = [], [], []
     for index, image in enumerate(images):
         copy, first_kind, second_kind = degradation_pair(image, seed + index, tuple(kinds))
@@ -115,8 +118,9 @@ def quality_pool(
     metadata = {
         "images": images,
         "degraded_images": torch.stack(degraded),
-        "mos": torch.tensor(mos, dtype=torch.float32),
+        "mos": torch.as_tensor(mos, dtype=torch.float32),
         "first_degradation": first,
         "second_degradation": second,
+        **columns,
     }
     return PromptPool([prompt] * len(images), metadata)

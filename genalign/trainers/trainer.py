@@ -580,7 +580,10 @@ def build_trainer(
     accelerator = accelerator or make_accelerator(config)
     device = accelerator.device
     lora, trained = generator_training(config, lora)  # PromptRL's LM-only runs freeze the generator
-    policy = load_policy(model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device)
+    frozen = {"frozen": list(model.frozen)} if model.frozen else {}  # the language family's option
+    policy = load_policy(
+        model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device, **frozen
+    )
     reward = load_reward(config.reward.name, **config.reward.kwargs)
     monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}
     strategy = STRATEGIES.get(config.train.strategy)(config.train)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -179,3 +180,107 @@ def test_bad_arguments(tiny_llava):
     ]:
         with pytest.raises(ValueError, match=match):
             VLMQualityReward(*tiny_llava, **bad)
+
+
+# -- a trained judge's answer (Q-Hawkeye, preset "answer") ---------------------------------------------
+
+SCRIPTED = [
+    "<think>sharp</think><answer>4.25</answer>",
+    "<think>noisy</think><answer>7</answer>",  # out of range: clamped to 5
+    "no answer at all",  # unparsed: the range's floor
+]
+
+
+def scripted_judge(reward, monkeypatch):
+    """Replace the judge's greedy generation by SCRIPTED, recording what it was asked."""
+    asked = []
+
+    def generate(texts, images, max_new_tokens, temperature=None, seed=None):
+        asked.append((list(texts), [len(i) for i in images], max_new_tokens, temperature, seed))
+        return (SCRIPTED * len(texts))[: len(texts)]
+
+    monkeypatch.setattr(reward.judge, "generate", generate)
+    return asked
+
+
+def test_the_answer_preset_parses_clamps_and_floors(tiny_llava, images, monkeypatch):
+    reward = VLMQualityReward(*tiny_llava, preset="answer", question="Rate it.", max_new_tokens=12)
+    asked = scripted_judge(reward, monkeypatch)
+    out = reward(images, None)
+    torch.testing.assert_close(out.scores, torch.tensor([4.25, 5.0, 1.0]))
+    torch.testing.assert_close(out.details["answer_parsed"], torch.tensor([1.0, 1.0, 0.0]))
+    # one user turn (the image, then the question) as the language policy renders it
+    assert asked == [([chat_text(("user", "<image>Rate it."))] * 3, [1, 1, 1], 12, None, None)]
+
+
+def test_sampled_answers_are_averaged_over_the_parsed_ones(tiny_llava, images, monkeypatch):
+    reward = VLMQualityReward(
+        *tiny_llava, preset="answer", question="Rate it.", num_samples=3, sample_temperature=0.5, seed=7
+    )
+    asked = scripted_judge(reward, monkeypatch)
+    out = reward(images[:2], None)
+    # each image's 3 samples are 4.25, 5 (clamped from 7) and an unparsed one
+    torch.testing.assert_close(out.scores, torch.tensor([4.625, 4.625]))
+    torch.testing.assert_close(out.details["answer_parsed"], torch.tensor([2 / 3, 2 / 3]))
+    torch.testing.assert_close(out.details["answer_var"], torch.tensor([0.140625, 0.140625]))
+    assert [len(asked[0][0]), asked[0][3], asked[0][4]] == [6, 0.5, 7]
+
+
+def test_sampled_generation_repeats_with_its_seed(tiny_llava, images):
+    judge = VLMQualityReward(*tiny_llava, preset="answer", question="Rate it.").judge
+    text = judge.render([judge.message("user", "Rate it.", images=1)])
+    batch = ([text] * 3, [[image] for image in images])
+    first = judge.generate(*batch, 8, temperature=1.0, seed=3)
+    assert first == judge.generate(*batch, 8, temperature=1.0, seed=3)
+    assert first != judge.generate(*batch, 8, temperature=1.0, seed=4)
+    assert judge.generate(*batch, 8) == judge.generate(*batch, 8)  # greedy
+
+
+def test_the_answer_preset_decodes_greedily_with_the_real_model(tiny_llava, images):
+    reward = VLMQualityReward(*tiny_llava, preset="answer", question="Rate it.", max_new_tokens=6)
+    text = reward.judge.render([reward.judge.message("user", "Rate it.", images=1)])
+    completions = reward.judge.generate([text] * 3, [[image] for image in images], 6)
+    out = reward(images, None)
+    # a tiny random model writes no answer: every image gets the floor, none counts as parsed
+    assert not any("<answer>" in c for c in completions)
+    torch.testing.assert_close(out.scores, torch.ones(3))
+    assert float(out.details["answer_parsed"].sum()) == 0.0
+
+
+def test_a_folder_with_iqa_judge_json_asks_its_question(tiny_llava, images, tmp_path, monkeypatch):
+    llava_vlm(seed=0, save_to=tmp_path)
+    settings = {"preset": "answer", "question": "Judge.", "max_new_tokens": 9, "answer_range": [1, 5]}
+    (tmp_path / "iqa_judge.json").write_text(json.dumps(settings))
+    reward = load_reward("iqa", model=str(tmp_path))
+    assert reward.answer == {
+        "question": "Judge.",
+        "max_new_tokens": 9,
+        "answer_range": (1.0, 5.0),
+        "num_samples": 0,
+        "temperature": 1.0,
+        "seed": None,
+    }
+    asked = scripted_judge(reward, monkeypatch)
+    torch.testing.assert_close(reward(images, None).scores, torch.tensor([4.25, 5.0, 1.0]))
+    assert asked[0][0][0].endswith("<image>Judge.<|im_end|>\n<|im_start|>assistant\n")
+    # an explicit preset wins over the file
+    assert load_reward("iqa", model=str(tmp_path), preset="qalign").answer is None
+    (tmp_path / "iqa_judge.json").write_text(json.dumps({**settings, "questoin": "x"}))
+    with pytest.raises(ValueError, match=r"iqa_judge.json: unknown keys \['questoin'\]"):
+        load_reward("iqa", model=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+        ({"answer_range": (5, 1)}, "answer_range must have low < high"),
+        ({"answer_range": "high"}, "answer_range must be two numbers"),
+        ({"question": ""}, "question must be a non-empty string"),
+        ({"levels": {"good": 1.0, "bad": 0.0}}, "preset 'answer' reads the judge's <answer>"),
+        ({"num_samples": -1}, "need num_samples >= 0"),
+    ],
+)
+def test_bad_answer_arguments(tiny_llava, bad, match):
+    with pytest.raises(ValueError, match=match):
+        VLMQualityReward(*tiny_llava, preset="answer", **bad)

@@ -1,6 +1,7 @@
-"""Q-Hawkeye on the language family (#27 items 1-5): the strategy rolls out G judgements per image
-on the tiny LLaVA, the reward gets each sample's MOS, the advantages are uncertainty-aware, the
-degraded copy reaches the loss, gamma anneals, and bad recipes fail naming the key."""
+"""Q-Hawkeye on the language family (#27): the strategy rolls out G judgements per image on the tiny
+LLaVA, the reward gets each sample's MOS, the advantages are uncertainty-aware, the degraded copy
+reaches the loss, gamma anneals, bad recipes fail naming the key, a resumed run equals an
+uninterrupted one, and the run's final/ folder is an ``iqa`` reward asking the trained question."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from genalign.algorithms import uncertainty_aware_advantages
+from genalign.algorithms import parse_answer_score, uncertainty_aware_advantages
 from genalign.config import ConfigError
+from genalign.policies import TokenSettings
+from genalign.rewards import load_reward
+from genalign.toy.quality import TOY_QUESTION
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.losses.q_hawkeye import QHawkeyeLoss, degraded_trajectory
 from genalign.trainers.strategies import step_generator
@@ -21,7 +25,26 @@ from genalign.trainers.strategies.svg import draw_indexed_groups
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "configs" / "toy" / "q_hawkeye.yaml"
 KONIQ = ROOT / "configs" / "qwen25vl" / "q_hawkeye_koniq.yaml"
-SMALL = ["prompts.source_kwargs.limit=8", "sampling.language.max_new_tokens=16"]
+# the recipe's shape on the tiny LLaVA (the recipe warm-starts from a run folder) and one scene
+SMALL = [
+    "model.path=tiny:llava",
+    "prompts.source_kwargs.scenes=1",
+    "sampling.language.max_new_tokens=16",
+    "train.prompts_per_step=2",
+    "train.group_size=4",
+    "train.minibatch_size=4",
+    "train.gradient_accumulation_steps=2",
+]
+
+
+SFT_SMALL = [
+    "model.path=tiny:llava",
+    "prompts.source_kwargs.scenes=1",
+    "train.num_steps=1",
+    "train.prompts_per_step=4",
+    "train.minibatch_size=4",
+    "logging.progress=false",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -216,3 +239,83 @@ def test_the_koniq_recipe_loads_with_the_official_settings():
         False,
     )
     assert "3-D" in KONIQ.read_text().split("name:")[0]  # the header says Qwen2.5-VL cannot run yet
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    # the run stops after 2 of 4 steps; gamma's and the learning rate's horizons are pinned to 4
+    # (by default both follow train.num_steps, which the shortened first run changes)
+    horizons = [
+        "train.q_hawkeye.perception_anneal_steps=4",
+        "train.lr_warmup_steps=1",
+        "train.lr_decay_steps=4",
+    ]
+    straight = make_trainer(tmp_path / "a", "train.num_steps=4", *horizons)
+    straight.train()
+    first = make_trainer(tmp_path / "b", "train.num_steps=2", *horizons)
+    first.train()
+    resumed = make_trainer(tmp_path / "b", "train.num_steps=4", "logging.resume=latest", *horizons)
+    resumed.train()
+    a = dict(straight.policy.named_trainable_parameters())
+    b = dict(resumed.policy.named_trainable_parameters())
+    assert a.keys() == b.keys() and len(a) > 10
+    moved = [name for name in a if not torch.equal(a[name], first.policy.named_trainable_parameters()[name])]
+    assert moved  # steps 2-3 changed the weights, so equality below is not trivial
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+
+    def rows(path):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return [{k: v for k, v in row.items() if not k.startswith("time_")} for row in lines]
+
+    assert rows(straight.metrics_path) == rows(resumed.metrics_path)
+    assert len({row["perception_gamma"] for row in rows(resumed.metrics_path)}) == 4  # annealing
+    assert len({row["lr"] for row in rows(resumed.metrics_path)}) >= 3  # warm-up, then cosine
+    assert [row["step"] for row in rows(resumed.metrics_path)] == [0, 1, 2, 3]
+
+
+def test_the_final_folder_is_an_iqa_reward_asking_the_trained_question(tmp_path):
+    trainer = make_trainer(tmp_path, "train.num_steps=1")
+    trainer.train()
+    final = trainer.run_dir / "final"
+    settings = json.loads((final / "iqa_judge.json").read_text())
+    assert settings == {
+        "preset": "answer",
+        "max_new_tokens": 16,
+        "answer_range": [1.0, 5.0],
+        "question": TOY_QUESTION,
+    }
+    reward = load_reward("iqa", model=str(final))
+    assert (reward.answer["question"], reward.answer["max_new_tokens"]) == (TOY_QUESTION, 16)
+    images = trainer.prompts.metadata["images"][:3]
+    judge = reward.judge
+    text = judge.render([judge.message("user", TOY_QUESTION, images=1)])
+    # the rendered question is the one the policy trained on (its prompt tokens, image included)
+    encoded = trainer.policy.encode_prompts([TOY_QUESTION], TokenSettings(1.0, 16, True, None), images[:1])
+    torch.testing.assert_close(judge.encode([text], [[images[0]]])["input_ids"], encoded["input_ids"])
+    completions = judge.generate([text] * 3, [[image] for image in images], 16)
+    expected = [parse_answer_score(c) for c in completions]
+    expected = [1.0 if v is None else min(max(v, 1.0), 5.0) for v in expected]
+    torch.testing.assert_close(reward(images, None).scores, torch.tensor(expected))
+    # other methods write no iqa_judge.json: their final/ folders stay Q-Align judges
+    sft = load_recipe(TOY.parent / "q_hawkeye_sft.yaml", [f"logging.run_dir={tmp_path}/sft", *SFT_SMALL])
+    sft_trainer = build_trainer(sft, base_dir=TOY.parent)
+    sft_trainer.train()
+    assert not (sft_trainer.run_dir / "final" / "iqa_judge.json").exists()
+    assert load_reward("iqa", model=str(sft_trainer.run_dir / "final")).answer is None
+
+
+def test_frozen_prefixes_get_no_update_and_a_typo_is_named(tmp_path):
+    trainer = make_trainer(tmp_path, "train.num_steps=1", "model.frozen=[model.vision_tower]")
+    before = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.policy.model.named_parameters())
+    vision = [n for n in before if n.startswith("model.vision_tower.")]
+    others = [n for n in before if n not in vision]
+    assert vision and all(torch.equal(before[n], after[n]) for n in vision)
+    assert any(not torch.equal(before[n], after[n]) for n in others)
+    with pytest.raises(ValueError, match="model.frozen entry 'model.vison_tower' names no parameter"):
+        make_trainer(tmp_path / "typo", "model.frozen=[model.vison_tower]")
+    with pytest.raises(ConfigError, match="model.frozen applies to full fine-tuning"):
+        load_recipe(
+            TOY, ["model.frozen=[model.vision_tower]", "model.lora={rank: 2, target_modules: [q_proj]}"]
+        )

@@ -1,0 +1,166 @@
+"""The toy world's image-quality data for IQA judges (Q-Hawkeye, issue #27), in memory or on disk.
+
+Scenes of a prompt split (``train``: what toy-vlm was trained on; ``heldout``: captions it never
+saw, :mod:`genalign.toy.prompts`) are rendered at 64 px and degraded by blur, noise or JPEG at
+levels 0-3 exactly as ``assets/eval/quality/mos.jsonl`` is (:func:`genalign.toy.eval_data.degrade`),
+with ``mos = 5 - level``. Three uses:
+
+* :func:`toy_quality_pool` is a recipe's prompt source: the judge's pool
+  (:func:`~genalign.trainers.quality_pool.quality_pool_of`: images, degraded copies, MOS) and, with
+  ``teacher``, a ``completions`` column for a format warm start: ``<think>WORD</think><answer>S</answer>``
+  where ``S`` is the teacher's own Q-Align expected rating of the image (two decimals) and ``WORD``
+  the level word nearest to it; the default question is Q-Align's (toy-vlm's) and the think opens
+  with Q-Align's answer prefix, the context in which toy-vlm learnt to rate. The targets hold no MOS label: the supervised stage teaches the
+  answer format and carries over what the teacher already ranks; only the RL stage sees MOS.
+* :func:`write_quality_set` writes a split as files for ``genalign eval-reward``: ``mos.jsonl``
+  (task ``mos``) and ``pairs.jsonl`` (task ``preference``: each image as ``image_0`` against its
+  Q-Hawkeye degraded copy, :func:`~genalign.utils.degradations.degradation_pair`, as ``image_1``,
+  ``label`` 0, so skip-ties accuracy is the rate at which a reward scores the original above its
+  degraded copy, an exact tie counting a half).
+* ``python -m genalign.toy.quality --split heldout --scenes 24 --out DIR`` runs the latter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from genalign.trainers.prompt_pool import PromptPool
+from genalign.trainers.quality_pool import quality_pool_of
+from genalign.utils.degradations import DEGRADATION_KINDS, degradation_pair
+
+__all__ = ["TOY_QUESTION", "judge_answers", "quality_renders", "toy_quality_pool", "write_quality_set"]
+
+LEVEL_WORDS = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}  # Q-Align's levels
+# toy-vlm's own Q-Align question and answer prefix: its image-to-rating mapping lives after them
+TOY_QUESTION = "How would you rate the quality of this image?"
+TOY_THINK = "The quality of the image is"
+LEVELS = 4  # levels 0 (clean) .. 3 of genalign.toy.eval_data.DEGRADATIONS
+
+
+def quality_renders(
+    split: str = "train", scenes: int = 24, seed: int = 0, size: int = 64
+) -> tuple[torch.Tensor, list[float], list[dict[str, Any]]]:
+    """``(images [N, 3, size, size], mos [N], records)``: ``scenes`` scenes of distinct ``split``
+    prompts, each degraded by every kind at every level (N = scenes x 3 x 4), deterministic in
+    ``seed``. Records hold ``prompt``, ``category`` (the degradation), ``level`` and ``scene``."""
+    from genalign.toy.eval_data import DEGRADATIONS, _to_pil, degrade
+    from genalign.toy.prompts import prompts_for, scene_for_spec
+    from genalign.toy.scenes import render_scenes
+
+    prompts = prompts_for(split)
+    if not 0 < scenes <= len(prompts):
+        raise ValueError(f"scenes must be in [1, {len(prompts)}] for split {split!r}, got {scenes}")
+    rng = np.random.default_rng(seed)
+    chosen = [prompts[int(i)] for i in rng.choice(len(prompts), size=scenes, replace=False)]
+    clean = render_scenes([scene_for_spec(p, rng) for p in chosen], size=size)
+    images, mos, records = [], [], []
+    for scene, (prompt, image) in enumerate(zip(chosen, clean)):
+        base = _to_pil(image)
+        for kind in sorted(DEGRADATIONS):
+            for level in range(LEVELS):
+                pixels = np.asarray(degrade(base, kind, level, rng), dtype=np.float32) / 255.0
+                images.append(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
+                mos.append(float(5 - level))
+                records.append({"prompt": prompt.caption, "category": kind, "level": level, "scene": scene})
+    return torch.stack(images), mos, records
+
+
+def judge_answers(images: torch.Tensor, teacher: str, batch_size: int = 32) -> list[str]:
+    """``<think>The quality of the image is WORD</think><answer>S</answer>`` per image: ``S`` the
+    ``iqa`` reward's Q-Align expected rating by the VLM ``teacher`` (a folder or hub id), ``WORD``
+    its nearest level word. The think is Q-Align's own answer prefix, after which toy-vlm already
+    reads quality off the image."""
+    from genalign.rewards import load_reward
+
+    reward = load_reward("iqa", model=teacher, preset="qalign", batch_size=batch_size).eval()
+    with torch.no_grad():
+        scores = reward(images, [""] * len(images)).scores.float().cpu().tolist()
+    words = [LEVEL_WORDS[min(5, max(1, round(s)))] for s in scores]
+    return [f"<think>{TOY_THINK} {w}</think><answer>{s:.2f}</answer>" for w, s in zip(words, scores)]
+
+
+def toy_quality_pool(
+    split: str = "train",
+    scenes: int = 24,
+    seed: int = 0,
+    prompt: str = TOY_QUESTION,
+    degradation_seed: int = 0,
+    kinds: Sequence[str] = DEGRADATION_KINDS,
+    teacher: str | None = None,
+) -> PromptPool:
+    """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
+    ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
+    ``degradation_seed``; with ``teacher``, SFT targets in ``completions`` (:func:`judge_answers`)."""
+    images, mos, records = quality_renders(split, scenes, seed)
+    columns: dict[str, Any] = {"category": [r["category"] for r in records]}
+    if teacher is not None:
+        columns["completions"] = judge_answers(images, teacher)
+    return quality_pool_of(images, mos, prompt, degradation_seed, tuple(kinds), **columns)
+
+
+def _save_png(image: torch.Tensor, path: Path) -> None:
+    from PIL import Image
+
+    pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    Image.fromarray(pixels).save(path, optimize=True)
+
+
+def write_quality_set(
+    out: str | Path, split: str = "heldout", scenes: int = 24, seed: int = 1, degradation_seed: int = 0
+) -> tuple[Path, Path]:
+    """Write ``images/``, ``mos.jsonl`` and ``pairs.jsonl`` (module docstring) under ``out``;
+    returns the two JSONL paths."""
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    images, mos, records = quality_renders(split, scenes, seed)
+    mos_rows, pair_rows = [], []
+    for index, (image, score, record) in enumerate(zip(images, mos, records)):
+        stem = f"images/scene{record['scene']}_{record['category']}{record['level']}"
+        _save_png(image, out / f"{stem}.png")
+        copy, first, second = degradation_pair(image, degradation_seed + index)
+        _save_png(copy, out / f"{stem}_degraded.png")
+        row = {
+            "image": f"{stem}.png",
+            "mos": score,
+            "prompt": record["prompt"],
+            "category": record["category"],
+        }
+        mos_rows.append(row)
+        pair_rows.append(
+            {
+                "prompt": record["prompt"],
+                "image_0": f"{stem}.png",
+                "image_1": f"{stem}_degraded.png",
+                "label": 0.0,
+                "category": first,
+                "second_degradation": second,
+            }
+        )
+    paths = out / "mos.jsonl", out / "pairs.jsonl"
+    for path, rows in zip(paths, (mos_rows, pair_rows)):
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write a toy image-quality set for genalign eval-reward.")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--split", default="heldout", choices=["train", "heldout"])
+    parser.add_argument("--scenes", type=int, default=24, help="scenes (12 images each)")
+    parser.add_argument("--seed", type=int, default=1, help="scene and degradation-level seed")
+    parser.add_argument("--degradation-seed", type=int, default=0, help="seed of the degraded copies")
+    args = parser.parse_args(argv)
+    paths = write_quality_set(args.out, args.split, args.scenes, args.seed, args.degradation_seed)
+    print(f"wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

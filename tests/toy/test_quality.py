@@ -1,0 +1,100 @@
+"""The toy image-quality data for IQA judges (#27 items 6-7): renders at known levels, the judge's
+pool with its format warm-start targets, and the held-out files whose ``pairs.jsonl`` gives
+``genalign eval-reward`` the rate at which a reward scores an original above its degraded copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from genalign.algorithms import format_reward, parse_answer_score
+from genalign.rewards import load_reward
+from genalign.rewards.base import RewardOutput
+from genalign.rewards.evaluation import EvalConfig, evaluate_rewards, load_eval_dataset
+from genalign.rewards.evaluation.run import RewardSpec
+from genalign.toy.quality import (
+    TOY_QUESTION,
+    judge_answers,
+    quality_renders,
+    toy_quality_pool,
+    write_quality_set,
+)
+from genalign.utils.degradations import degradation_pair
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_VLM = ROOT / "assets" / "models" / "toy-vlm"
+
+
+def test_renders_cover_every_kind_and_level_and_repeat_with_the_seed():
+    images, mos, records = quality_renders("heldout", scenes=2, seed=3)
+    assert images.shape == (24, 3, 64, 64) and 0 <= images.min() and images.max() <= 1
+    assert mos == [5.0 - r["level"] for r in records]
+    assert {(r["category"], r["level"]) for r in records} == {
+        (kind, level) for kind in ("blur", "jpeg", "noise") for level in range(4)
+    }
+    clean = [i for i, r in enumerate(records) if r["level"] == 0 and r["scene"] == 0]
+    assert all(torch.equal(images[clean[0]], images[i]) for i in clean)  # level 0 is the clean render
+    worst = [i for i, r in enumerate(records) if r["level"] == 3 and r["scene"] == 0]
+    assert all(not torch.equal(images[clean[0]], images[i]) for i in worst)
+    again, _, records_again = quality_renders("heldout", scenes=2, seed=3)
+    assert torch.equal(images, again) and records == records_again
+    assert records != quality_renders("heldout", scenes=2, seed=4)[2]
+    with pytest.raises(ValueError, match="scenes must be in"):
+        quality_renders("heldout", scenes=10_000)
+
+
+def test_the_pool_keeps_degraded_copies_and_mos():
+    pool = toy_quality_pool("train", scenes=1, seed=0, prompt="rate", degradation_seed=5)
+    assert list(toy_quality_pool("train", scenes=1)) == [TOY_QUESTION] * 12
+    assert list(pool) == ["rate"] * 12
+    torch.testing.assert_close(pool.metadata["mos"], torch.tensor([5.0, 4.0, 3.0, 2.0] * 3))
+    copy, first, second = degradation_pair(pool.metadata["images"][7], 5 + 7)
+    torch.testing.assert_close(pool.metadata["degraded_images"][7], copy)
+    assert (pool.metadata["first_degradation"][7], pool.metadata["second_degradation"][7]) == (first, second)
+    assert "completions" not in pool.metadata
+
+
+def test_warm_start_targets_are_the_teachers_own_rating_in_the_answer_format():
+    images, _, _ = quality_renders("train", scenes=1, seed=0)
+    picked = images[[0, 3, 7]]  # clean, blur level 3, jpeg level 3
+    answers = judge_answers(picked, str(TOY_VLM))
+    teacher = load_reward("iqa", model=str(TOY_VLM), preset="qalign")(picked, None).scores
+    for answer, score in zip(answers, teacher.tolist()):
+        assert format_reward(answer) == 0.8
+        assert parse_answer_score(answer) == pytest.approx(score, abs=0.005 + 1e-6)
+        word = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}[min(5, max(1, round(score)))]
+        assert answer.startswith(f"<think>The quality of the image is {word}</think><answer>")
+
+
+def test_the_held_out_files_give_eval_reward_the_original_above_degraded_rate(tmp_path):
+    mos_path, pairs_path = write_quality_set(tmp_path / "set", "heldout", scenes=1, seed=1)
+    rows = [json.loads(line) for line in pairs_path.read_text().splitlines()]
+    assert len(rows) == 12 and all(row["label"] == 0.0 for row in rows)
+    assert [json.loads(line)["image"] for line in mos_path.read_text().splitlines()] == [
+        row["image_0"] for row in rows
+    ]
+
+    class MeanBrightness(torch.nn.Module):  # a reward with a known answer: brighter is better
+        def forward(self, images, prompts, **metadata):
+            return RewardOutput(images.mean(dim=(1, 2, 3)), {})
+
+    data = load_eval_dataset(pairs_path, "preference")
+    summary = evaluate_rewards(
+        data,
+        [RewardSpec("brightness")],
+        tmp_path / "out",
+        EvalConfig(bootstrap=50, tie_threshold=0.0, progress=False),
+        reward_factory=lambda spec: MeanBrightness(),
+    )
+    from PIL import Image
+
+    def brightness(name: str) -> float:
+        return float(np.asarray(Image.open(tmp_path / "set" / name).convert("RGB"), np.float32).mean() / 255)
+
+    higher = [brightness(row["image_0"]) > brightness(row["image_1"]) for row in rows]
+    metrics = summary["rewards"][RewardSpec("brightness").key]["metrics"]
+    assert metrics["accuracy_skip_ties"]["value"] == pytest.approx(np.mean(higher), abs=1e-6)
