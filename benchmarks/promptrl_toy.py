@@ -293,7 +293,7 @@ def reach_table(rows: list[dict[str, Any]]) -> list[str]:
         ends = " / ".join(_reach_text(images_to_reach(xs, ys, t)) for t in (low, high))
         per_seed = ", ".join(_reach_text(images_to_reach(*map(list, zip(*pts, strict=True)), target))
                              for _, pts in sorted(seeds.items()))  # fmt: skip
-        ratio = "-" if math.isinf(need) or need <= 0 else f"{budget / need:.2f}x"
+        ratio = "-" if math.isinf(need) else "at the start" if need <= 0 else f"{budget / need:.2f}x"
         lines.append(f"| {arm} | {_reach_text(need)} | {ends} | {per_seed} | {ratio} |")
     return lines
 

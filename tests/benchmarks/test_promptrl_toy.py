@@ -135,6 +135,11 @@ def test_summary_reports_intervals_and_images_to_reach_the_generator_only_score(
     # joint's mean curve: 0.2 -> 0.4 at 128 images, crossing 0.3 at 64; generator-only at 256
     assert "| joint | 64 | 64 / 64 | 85, 64, 51 | 4.00x |" in table
     assert "| generator-only | 256 | 256 / 256 | 256, 256, 256 | 1.00x |" in table
+    # a baseline that ends where it started: every arm is there before training
+    flat = bench.summarise(
+        _rows("joint", [0.5, 0.6, 0.7]) + _rows("generator-only", [0.2] * 3, mid=[0.1] * 3)
+    )
+    assert "| joint | 0 | 0 / 0 | 0, 0, 0 | at the start |" in flat
     missing = bench.summarise(_rows("joint", [0.5, 0.6, 0.7]))
     assert "no generator-only runs" in missing
 
