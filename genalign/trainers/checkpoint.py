@@ -347,7 +347,7 @@ def save_checkpoint(
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "step": step,
-            "recipe": {"name": recipe_name, "fingerprint": recipe_fingerprint, "data": recipe_data},
+            "recipe": _recipe_meta(recipe_name, recipe_fingerprint, recipe_data),
             "genalign_version": genalign.__version__,
             "torch_version": torch.__version__,
             "tensor_groups": sorted(tensors),
@@ -527,6 +527,11 @@ def load_checkpoint(
         extra=meta.get("extra", {}),
         meta=meta,
     )
+
+
+def _recipe_meta(name: str | None, fingerprint: str | None, data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``meta.json``'s recipe entry; ``data`` only when given (older readers compare the rest)."""
+    return {"name": name, "fingerprint": fingerprint, **({"data": data} if data is not None else {})}
 
 
 def _check_recipe_changes(
