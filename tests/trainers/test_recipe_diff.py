@@ -5,7 +5,11 @@ from genalign.trainers.recipe_diff import recipe_changes
 
 def test_added_keys_are_compatible_and_changed_or_removed_keys_are_not():
     stored = {"train": {"lr": 1e-4, "clip": 0.2}, "model": {"path": "a"}}
-    current = {"train": {"lr": 1e-4, "clip": 0.2, "token_ppo": {"eps": 0.2}}, "model": {"path": "a"}, "new": 1}
+    current = {
+        "train": {"lr": 1e-4, "clip": 0.2, "token_ppo": {"eps": 0.2}},
+        "model": {"path": "a"},
+        "new": 1,
+    }
     changes = recipe_changes(stored, current)
     assert changes.compatible and changes.added == ["new", "train.token_ppo"] and changes.changed == []
 

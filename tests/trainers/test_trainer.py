@@ -138,7 +138,9 @@ def test_fresh_run_in_a_used_folder_logs_only_its_own_steps(tmp_path):
 def test_checkpoint_from_another_recipe_is_refused(tmp_path):
     make_trainer(tmp_path, "train.num_steps=1").train()
     other = make_trainer(tmp_path, "train.num_steps=2", "train.learning_rate=0.5", "logging.resume=latest")
-    with pytest.raises(RecipeMismatchError, match=r"another recipe.*changed: train\.learning_rate: .* -> 0\.5"):
+    with pytest.raises(
+        RecipeMismatchError, match=r"another recipe.*changed: train\.learning_rate: .* -> 0\.5"
+    ):
         other.train()
 
 

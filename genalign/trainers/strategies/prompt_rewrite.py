@@ -108,4 +108,6 @@ class PromptRewriteStrategy(GroupRolloutStrategy):
             "task_reward": float(context.gather(task).mean()),
             "rewrite_tokens": float(context.gather(tokens)[~retained.to(context.device)].mean()),
         }
-        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids, metrics=metrics)
+        return RolloutBatch.of_groups(
+            context, trajectory, rewards, details, rows, prompts, group_ids, metrics=metrics
+        )
