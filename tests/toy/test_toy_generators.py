@@ -175,6 +175,12 @@ def test_vae_command_passes_the_kl_weight_and_rejects_it_elsewhere(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["vae", "--out", str(tmp_path / "v"), "--v-weight-cap", "50"])
     assert "--v-weight-cap is an option of the toy-sd command only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["toy-sd", "--out", str(tmp_path / "s"), "--layers", "4"])
+    assert "--layers is an option of the toy-flow command only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["vae", "--out", str(tmp_path / "v"), "--clip-text", "x"])
+    assert "--clip-text is an option of the toy-sd and toy-flow commands only" in capsys.readouterr().err
 
 
 def test_stage_commands_record_the_vae_each_stage_was_trained_on():
@@ -346,6 +352,42 @@ def test_flow_training_lowers_loss(tiny_vae, tmp_path):
         assert torch.equal(resumed.transformer.state_dict()[name], value), name
 
 
+def test_clip_text_tower_with_projection_pools_as_open_clip_encode_text():
+    open_clip = pytest.importorskip("open_clip")
+    clip = open_clip.create_model(f"local-dir:{MODELS / 'toy-clip'}")
+    tokenizer = toy_tokenizer()
+    encoder = clip_text_encoder(MODELS / "toy-clip", tokenizer, projection=True)
+    captions = ["a photo of a red circle", "two blue squares", "a green diamond left of a black square"]
+    ours = tokenizer(captions, padding="max_length", return_tensors="pt").input_ids
+    theirs = open_clip.get_tokenizer(f"local-dir:{MODELS / 'toy-clip'}")(captions)
+    with torch.no_grad():
+        pooled = encoder(ours).text_embeds
+        reference = clip.encode_text(theirs)
+    assert pooled.shape == reference.shape
+    assert torch.allclose(pooled, reference, atol=1e-5)
+
+
+def test_flow_training_on_a_clip_text_tower_freezes_both_encoders(tiny_vae, tmp_path):
+    pytest.importorskip("open_clip")
+    vae, _ = tiny_vae
+    frozen = clip_text_encoder(MODELS / "toy-clip", toy_tokenizer(), projection=True)
+    common = dict(steps=3, batch_size=4, num_images=8, num_layers=1, log_every=10, caption_noise=0.5)
+    still, _ = train_flow(vae, lr=0.0, clip_text=MODELS / "toy-clip", **common)
+    moved, info = train_flow(
+        vae, tmp_path / "f", lr=1e-2, clip_text=MODELS / "toy-clip", snapshot_every=3, **common
+    )
+    for pipe in (still, moved):
+        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+            for name, value in frozen.state_dict().items():
+                assert torch.equal(encoder.state_dict()[name], value), name
+    assert moved.transformer.config.joint_attention_dim == 2 * frozen.config.hidden_size
+    assert any(
+        not torch.equal(p, still.transformer.state_dict()[n])
+        for n, p in moved.transformer.state_dict().items()
+    )
+    assert (tmp_path / "f" / "snapshot" / "transformer").is_dir() and info["steps"] == 3
+
+
 def test_sd_training_continues_from_a_folder_and_adds_text_pooling(tiny_vae, tmp_path):
     vae, _ = tiny_vae
     common = dict(batch_size=2, num_images=4, unet_channels=(16, 32), text_hidden=32, log_every=10)
@@ -461,6 +503,10 @@ def test_a_stage_continued_without_vae_uses_the_init_models_recorded_vae(tiny_va
     (init / "card.json").write_text(json.dumps({"name": "toy-sd"}))  # an older card: no VAE record
     with pytest.raises(SystemExit):
         stage_vae(args, parser)
-    assert (
-        "toy-sd needs --vae (or --init of a model whose card.json records its VAE)" in capsys.readouterr().err
-    )
+    assert "toy-sd needs --vae: a VAE folder with training.json, or a model folder" in capsys.readouterr().err
+    # --vae may name a model folder whose card records its VAE (a toy-flow trained on toy-sd-web's VAE)
+    (init / "card.json").write_text(json.dumps({"name": "toy-sd", "vae": record}))
+    args = parser.parse_args(["toy-flow", "--out", str(tmp_path / "o"), "--vae", str(init)])
+    loaded, info = stage_vae(args, parser)
+    assert info == record
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), vae.state_dict().values()))

@@ -115,7 +115,9 @@ def build_text_encoder(
     return CLIPTextModelWithProjection(config) if projection_dim else CLIPTextModel(config)
 
 
-def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> torch.nn.Module:
+def clip_text_encoder(
+    clip_model: str | Path | torch.nn.Module, tokenizer, projection: bool = False
+) -> torch.nn.Module:
     """An open_clip CLIP's text tower (toy-clip's) as a transformers ``CLIPTextModel`` over
     ``tokenizer``'s vocabulary (the toy tokenizer): what Stable Diffusion conditions on, a pretrained
     CLIP text encoder (Rombach et al. 2022, Sec. 4.3), with weights copied, not retrained.
@@ -129,9 +131,14 @@ def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> to
     (``triangle</w>``), and a symbol it lacks that no toy caption produces (an intermediate merge)
     takes the mean row. Padding stays the end-of-text token, after which the causal mask keeps every
     position up to and including it identical to open_clip's.
+
+    With ``projection`` it is a ``CLIPTextModelWithProjection`` whose ``text_embeds`` are
+    open_clip's ``encode_text`` (the end-of-text state after ``ln_final`` times
+    ``text_projection``): the pooled vector Stable Diffusion 3 conditions on (Esser et al. 2024,
+    Sec. 5.1).
     """
     import open_clip
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     if not isinstance(clip_model, torch.nn.Module):
         folder = Path(clip_model)
@@ -157,12 +164,12 @@ def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> to
         max_position_embeddings=tokenizer.model_max_length,
         hidden_act="gelu",
         layer_norm_eps=clip_model.ln_final.eps,
-        projection_dim=width,
+        projection_dim=clip_model.text_projection.shape[-1] if projection else width,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    encoder = CLIPTextModel(config).eval()
+    encoder = (CLIPTextModelWithProjection if projection else CLIPTextModel)(config).eval()
     source = clip_model.token_embedding.weight.detach()
     special = {
         tokenizer.bos_token: clip_tokenizer.sot_token_id,
@@ -190,6 +197,11 @@ def clip_text_encoder(clip_model: str | Path | torch.nn.Module, tokenizer) -> to
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise RuntimeError(f"CLIP text tower conversion: missing {missing}, unexpected {unexpected}")
+    if projection:  # open_clip multiplies by a (width, embed) matrix; nn.Linear stores its transpose
+        text_projection = clip_model.text_projection
+        weight = text_projection.weight if isinstance(text_projection, torch.nn.Linear) else text_projection.T
+        with torch.no_grad():
+            encoder.text_projection.weight.copy_(weight.detach())
     return encoder
 
 

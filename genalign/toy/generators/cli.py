@@ -23,8 +23,11 @@ logger = logging.getLogger(__name__)
 TRAIN_EVAL = "train prompts (16 per category, 2 images each)"
 # options that belong to one command only
 COMMAND_OPTIONS = (("--kl-weight", "kl_weight", "vae"), ("--v-weight-cap", "v_weight_cap", "toy-sd"))
-COMMAND_OPTIONS += (("--clip-text", "clip_text", "toy-sd"), ("--caption-noise", "caption_noise", "toy-sd"))
-COMMAND_OPTIONS += (("--name", "name", "toy-sd"),)
+COMMAND_OPTIONS += (
+    ("--clip-text", "clip_text", "toy-sd toy-flow"),
+    ("--caption-noise", "caption_noise", "toy-sd toy-flow"),
+)
+COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "eval", "card"])
     parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
-    parser.add_argument("--vae", help="trained VAE folder (toy-sd, toy-flow)")
+    parser.add_argument(
+        "--vae", help="trained VAE folder, or a toy model folder whose VAE to reuse (toy-sd, toy-flow)"
+    )
     parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
     parser.add_argument(
         "--init", help="toy-sd / toy-flow: continue training from this folder of the same kind"
@@ -58,23 +63,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--clip-text",
-        help="toy-sd: an open_clip folder (toy-clip) whose text tower becomes the frozen text encoder",
+        help="toy-sd, toy-flow: an open_clip folder (toy-clip) whose text tower becomes the frozen text encoder "
+        "(toy-flow: both of them)",
     )
+    parser.add_argument("--layers", type=int, help="toy-flow: MMDiT blocks of a new transformer (default 3)")
     parser.add_argument(
         "--v-weight-cap",
         type=float,
         help="toy-sd: draw timesteps with probability min(1/alpha_bar_t, CAP), i.e. the v-prediction loss "
         "(default: uniform timesteps, DDPM's L_simple)",
     )
-    parser.add_argument("--name", help="toy-sd: the model's name on its card (default toy-sd)")
+    parser.add_argument(
+        "--name", help="toy-sd, toy-flow: the model's name on its card (default: the command)"
+    )
     parser.add_argument(
         "--caption-noise",
         type=float,
-        help="toy-sd: the fraction of captioned renders that show a scene of another train prompt of the same "
+        help="toy-sd, toy-flow: the fraction of captioned renders that show a scene of another train prompt of the same "
         "category (loose, web-like captions; default 0)",
     )
     parser.add_argument(
-        "--snapshot-every", type=int, help="toy-sd: save the EMA weights to OUT/snapshot every N steps"
+        "--snapshot-every",
+        type=int,
+        help="toy-sd, toy-flow: save the EMA weights to OUT/snapshot every N steps",
     )
     parser.add_argument("--eval-steps", type=int)
     parser.add_argument("--eval-guidance", type=float)
@@ -168,14 +179,17 @@ def stage_vae(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tupl
     or else the VAE of the ``--init`` model, whose card records how it was trained."""
     from diffusers import AutoencoderKL
 
-    if args.vae:
+    if args.vae and (Path(args.vae) / "training.json").is_file():
         return AutoencoderKL.from_pretrained(args.vae), json.loads(
             (Path(args.vae) / "training.json").read_text()
         )
-    card = Path(args.init or "") / "card.json"
-    if args.init and card.is_file() and "vae" in (recorded := json.loads(card.read_text())):
-        return AutoencoderKL.from_pretrained(str(Path(args.init) / "vae")), recorded["vae"]
-    parser.error("toy-sd needs --vae (or --init of a model whose card.json records its VAE)")
+    for model in (args.vae, args.init):  # a toy model folder whose card records how its VAE was trained
+        card = Path(model or "") / "card.json"
+        if model and card.is_file() and "vae" in (recorded := json.loads(card.read_text())):
+            return AutoencoderKL.from_pretrained(str(Path(model) / "vae")), recorded["vae"]
+    parser.error(
+        f"{args.what} needs --vae: a VAE folder with training.json, or a model folder whose card.json records its VAE"
+    )
 
 
 def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -281,28 +295,52 @@ def lcm_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
 
 
 def flow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    from diffusers import AutoencoderKL
-
-    vae = AutoencoderKL.from_pretrained(args.vae or parser.error("toy-flow needs --vae"))
-    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
-    _, info = train_flow(vae, Path(args.out), init=args.init, **_stage_options(args))
+    vae, vae_info = stage_vae(args, parser) if args.vae or not args.init else (None, {})
+    extra = {"clip_text": args.clip_text, "caption_noise": args.caption_noise, "num_layers": args.layers}
+    _, info = train_flow(
+        vae,
+        Path(args.out),
+        init=args.init,
+        snapshot_every=args.snapshot_every,
+        **{k: v for k, v in extra.items() if v is not None},
+        **_stage_options(args),
+    )
     stage_seconds, total_steps = add_previous_stages(info, args.init)
     commands = [
         *(previous_commands(Path(args.init)) if args.init else [vae_info["command"]]),
         _command_line(),
     ]
+    name = args.name or "toy-flow"
+    text = (
+        f"conditioned on a frozen pretrained CLIP text encoder (the text tower of {args.clip_text}, with its "
+        "projection, as both CLIP encoders)"
+        if args.clip_text
+        else "trained from scratch"
+    )
+    loose = (
+        f" Its last stage trained on loose captions ({args.caption_noise:.0%} of the captioned renders show a scene "
+        "of another prompt of the same category), as a model trained on web alt-text is: room for RL."
+        if args.caption_noise
+        else ""
+    )
     return {
-        "name": "toy-flow",
+        "name": name,
         "family": "flow",
         "description": "A small Stable Diffusion 3-architecture (MMDiT, two CLIP encoders, no T5) rectified-flow model "
-        "of the toy world (48 px), trained from scratch; it shares toy-sd's VAE (with a latent shift).",
-        "load": 'StableDiffusion3Pipeline.from_pretrained("assets/models/toy-flow", text_encoder_3=None, tokenizer_3=None)',
+        f"of the toy world (48 px), {text}; it shares a toy-sd VAE (with a latent shift).{loose}",
+        "load": f'StableDiffusion3Pipeline.from_pretrained("assets/models/{name}", text_encoder_3=None, tokenizer_3=None)',
         "commands": commands,
-        "data": "renders of train prompts only plus 15% random layouts captioned '' (48 px, skia).",
+        "data": "renders of train prompts only plus 15% random layouts captioned '' (48 px, skia)"
+        + (
+            f"; {args.caption_noise:.0%} of the captioned renders show another train prompt's scene."
+            if args.caption_noise
+            else "."
+        ),
         "train": f"{total_steps} steps over {len(commands) - 1} stage(s) (this one: {info['steps']} steps, batch "
         f"{args.batch_size}, lr {args.lr}, {stage_seconds:.0f} s), AdamW, rectified flow (velocity) loss with "
-        f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}; {info['train_seconds']:.0f} s in all "
-        "on one CPU thread.",
+        f"logit-normal t, caption dropout 0.1, EMA {args.ema_decay or 0.99}"
+        + ("; text encoders frozen" if args.clip_text else "")
+        + f"; {info['train_seconds']:.0f} s in all on CPU ({args.threads} thread(s) this stage).",
         "info": info,
     }
 
@@ -387,8 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # a no-op when logging is set up
     torch.set_num_threads(args.threads)
     for option, name, command in COMMAND_OPTIONS:
-        if getattr(args, name) is not None and args.what != command:
-            parser.error(f"{option} is an option of the {command} command only")
+        if getattr(args, name) is not None and args.what not in command.split():
+            commands = command.split()
+            plural = "s" if len(commands) > 1 else ""
+            parser.error(f"{option} is an option of the {' and '.join(commands)} command{plural} only")
     if args.what in COMMANDS:
         return COMMANDS[args.what](args, parser)
     fields = TRAINING_COMMANDS[args.what](args, parser)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from genalign.toy.generators.build import (
     build_sd3_transformer,
     build_text_encoder,
+    clip_text_encoder,
     flow_vae,
     toy_tokenizer,
 )
@@ -116,6 +117,9 @@ def train_flow(
     log_every: int = 200,
     max_minutes: float | None = None,
     init: str | Path | None = None,
+    clip_text: str | Path | None = None,
+    caption_noise: float = 0.0,
+    snapshot_every: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Train an SD3-architecture pipeline from scratch with the rectified-flow loss (or, with
     ``init``, continue from a saved toy-flow folder: its encoders, transformer and latent shift).
@@ -128,25 +132,33 @@ def train_flow(
     train jointly with it; caption dropout to ``""`` gives the unconditional branch. The VAE is
     ``vae`` re-saved with a latent shift (:func:`flow_vae`). Saved weights are the EMA. The
     pipeline's 256 zero T5 tokens are trained as one (:class:`RepeatedTokenJointAttention`).
+
+    With ``clip_text`` (an open_clip folder, toy-clip) both CLIP encoders are that CLIP's text
+    tower with its projection (:func:`clip_text_encoder`), frozen, as SD3's pretrained CLIPs are,
+    and only the transformer trains (a new one sized to them, or ``init``'s, whose encoders they
+    replace). ``caption_noise``: :func:`toy_dataset`; ``snapshot_every`` saves the EMA weights to
+    ``out/snapshot`` every that many steps.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
-    images, captions = toy_dataset(num_images, seed=seed + 3000)
-    vae, encoders, transformer, raw = _flow_modules(vae, images, tokenizer, init, num_layers, text_hidden)
+    images, captions = toy_dataset(num_images, seed=seed + 3000, caption_noise=caption_noise)
+    vae, encoders, transformer, raw = _flow_modules(
+        vae, images, tokenizer, init, num_layers, text_hidden, clip_text
+    )
     joint = transformer.config.joint_attention_dim
     data = captioned_latents((raw - vae.config.shift_factor) * vae.config.scaling_factor, tokenizer, captions)
     modules = [*encoders, transformer]
-    params = [p for m in modules for p in m.parameters()]
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
     optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=200)
-    ema = ParameterEMA(params, ema_decay)
+    ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
     averaged = averaged_modules(ema, modules)  # before the training-only attention processor below
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-flow")
     start = time.time()
     for module in modules:
-        module.train()
+        module.train(clip_text is None or module is transformer)
     # one zero token standing for the pipeline's 256 (exact; see RepeatedTokenJointAttention)
     transformer.set_attn_processor(RepeatedTokenJointAttention(SD3_T5_TOKENS))
 
@@ -155,44 +167,77 @@ def train_flow(
         t = torch.sigmoid(torch.randn(batch_size, generator=generator))  # logit-normal t
         noise = torch.randn(z0.shape, generator=generator)
         zt = (1 - t.view(-1, 1, 1, 1)) * z0 + t.view(-1, 1, 1, 1) * noise
-        embeds, pooled = sd3_prompt_embeddings(encoders, tokens, joint, t5_tokens=1)
+        with torch.set_grad_enabled(clip_text is None):
+            embeds, pooled = sd3_prompt_embeddings(encoders, tokens, joint, t5_tokens=1)
         velocity = transformer(
             hidden_states=zt, timestep=1000 * t, encoder_hidden_states=embeds, pooled_projections=pooled
         ).sample
         return F.mse_loss(velocity, noise - z0)  # conditional flow matching
 
+    def save(averages: Sequence[torch.nn.Module], done: int, folder) -> tuple[Any, dict[str, Any]]:
+        encoder_1, encoder_2, averaged_transformer = averages
+        pipe = StableDiffusion3Pipeline(
+            transformer=averaged_transformer,
+            scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0),
+            vae=vae,
+            text_encoder=encoder_1,
+            tokenizer=tokenizer,
+            text_encoder_2=encoder_2,
+            tokenizer_2=copy.deepcopy(tokenizer),
+            text_encoder_3=None,
+            tokenizer_3=None,
+        )
+        parameters = {
+            "transformer": averaged_transformer,
+            "text_encoders": [encoder_1, encoder_2],
+            "vae": vae,
+        }
+        return finish_training(pipe, parameters, done, log, start, folder)
+
+    def snapshot(done: int) -> None:
+        if snapshot_every and out is not None and done % snapshot_every == 0:
+            save(load_averages(ema, averaged), done, Path(out) / "snapshot")
+
     ema_schedule = ema_warmup(ema_decay)
-    done = optimise(loss_fn, params, optimizer, scheduler, steps, log, ema, ema_schedule, max_minutes)
-    encoder_1, encoder_2, transformer = load_averages(ema, averaged)
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer,
-        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0),
-        vae=vae,
-        text_encoder=encoder_1,
-        tokenizer=tokenizer,
-        text_encoder_2=encoder_2,
-        tokenizer_2=copy.deepcopy(tokenizer),
-        text_encoder_3=None,
-        tokenizer_3=None,
+    done = optimise(
+        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_schedule, max_minutes, snapshot
     )
-    parameters = {"transformer": transformer, "text_encoders": [encoder_1, encoder_2], "vae": vae}
-    return finish_training(pipe, parameters, done, log, start, out)
+    return save(load_averages(ema, averaged), done, out)
 
 
-def _flow_modules(vae, images: torch.Tensor, tokenizer, init, num_layers: int, text_hidden: int):
+def _flow_modules(
+    vae, images: torch.Tensor, tokenizer, init, num_layers: int, text_hidden: int, clip_text=None
+):
     """toy-flow's ``(vae, [two CLIP encoders], transformer, unscaled latents of images)``: new (the
-    VAE re-saved with a latent shift, :func:`flow_vae`), or ``init``'s."""
+    VAE re-saved with a latent shift, :func:`flow_vae`), or ``init``'s; with ``clip_text`` the
+    encoders are two frozen copies of that CLIP's text tower."""
     from diffusers import StableDiffusion3Pipeline
 
+    frozen = None
+    if clip_text is not None:
+        frozen = [clip_text_encoder(clip_text, tokenizer, projection=True).requires_grad_(False)]
+        frozen.append(copy.deepcopy(frozen[0]))
     if init is not None:
         start_from = StableDiffusion3Pipeline.from_pretrained(
             str(init), text_encoder_3=None, tokenizer_3=None
         )
-        encoders = [start_from.text_encoder, start_from.text_encoder_2]
-        return start_from.vae, encoders, start_from.transformer, encode_latents(start_from.vae, images)
+        encoders = frozen or [start_from.text_encoder, start_from.text_encoder_2]
+        transformer = start_from.transformer
+        if transformer.config.joint_attention_dim != 2 * encoders[0].config.hidden_size:
+            raise ValueError(
+                f"{init}'s transformer attends to {transformer.config.joint_attention_dim}-d text states but the "
+                f"two text encoders give {2 * encoders[0].config.hidden_size}"
+            )
+        return start_from.vae, encoders, transformer, encode_latents(start_from.vae, images)
     raw = encode_latents(vae, images)
-    projection = 32
-    encoders = [build_text_encoder(tokenizer, text_hidden, 2, projection_dim=projection) for _ in range(2)]
+    if frozen is not None:
+        text_hidden, projection = frozen[0].config.hidden_size, frozen[0].config.projection_dim
+        encoders = frozen
+    else:
+        projection = 32
+        encoders = [
+            build_text_encoder(tokenizer, text_hidden, 2, projection_dim=projection) for _ in range(2)
+        ]
     transformer = build_sd3_transformer(
         raw.shape[-1], num_layers, joint_attention_dim=2 * text_hidden, pooled_projection_dim=2 * projection
     )
