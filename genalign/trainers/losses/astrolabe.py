@@ -34,8 +34,7 @@ on the 4-step grid).
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -45,15 +44,11 @@ from genalign.algorithms.astrolabe import (
     flow_forward_noise,
     frame_timesteps,
     sample_noise_level,
-    soft_update_,
 )
 from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.forward_process import seeded_noise
 from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.strategies.base import step_generator
-
-if TYPE_CHECKING:
-    from genalign.trainers.trainer import Trainer
 
 __all__ = ["AstrolabeLoss"]
 
@@ -62,34 +57,24 @@ __all__ = ["AstrolabeLoss"]
 class AstrolabeLoss(NFTLoss):
     """Astrolabe's x0-space NFT loss on an ``ar_video`` policy (module docstring; ``train.astrolabe``).
 
-    Hooks: ``forward_process = True``; :meth:`begin_step` keys the step's draws;
-    :meth:`rollout_policy` samples with the old policy; :meth:`end_step` soft-updates it.
+    Hooks (inherited): ``forward_process = True``; :meth:`begin_step` keys the step's draws;
+    ``rollout_policy`` samples with the old policy (``train.astrolabe.rollout_policy``);
+    ``end_step`` soft-updates it with :meth:`old_policy_decay`.
     """
 
-    forward_process = True
+    decay_metric = "astrolabe_old_decay"
 
     def __init__(self, config: Any) -> None:
-        self.config = config
+        super().__init__(config)
         self.options = config.astrolabe
-        self.old_parameters: list[torch.Tensor] | None = None
-        self.current_step = 0
         self.calls = 0  # loss calls so far in the current step: keys the level and the noise
 
     def begin_step(self, step: int) -> None:
         self.current_step, self.calls = step, 0
 
-    def rollout_policy(self, trainer: Trainer, step: int) -> contextlib.AbstractContextManager:
-        self._ensure_old(trainer.policy)  # the first old policy is the initial weights
-        if self.options.rollout_policy == "old":
-            return self.old_policy(trainer.policy)
-        return contextlib.nullcontext()
-
-    @torch.no_grad()
-    def end_step(self, trainer: Trainer, step: int) -> dict[str, float]:
-        """theta_old <- eta theta_old + (1 - eta) theta, eta = min(ema_rate * i, ema_max)."""
-        eta = astrolabe_old_policy_decay(trainer.optimizer_steps, self.options.ema_rate, self.options.ema_max)
-        soft_update_(self._ensure_old(trainer.policy), trainer.policy.trainable_parameters(), eta)
-        return {"astrolabe_old_decay": eta}
+    def old_policy_decay(self, optimizer_steps: int) -> float:
+        """eta = min(ema_rate * i, ema_max) (:func:`~genalign.algorithms.astrolabe.astrolabe_old_policy_decay`)."""
+        return astrolabe_old_policy_decay(optimizer_steps, self.options.ema_rate, self.options.ema_max)
 
     def draw_level(self) -> tuple[int, float]:
         """This call's ``(timestep, t)``, keyed by (seed, step, call index)."""

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from genalign.algorithms.astrolabe import soft_update_
 from genalign.algorithms.nft import nft_loss_in_x0, nft_old_policy_decay
 from genalign.trainers.config import NFT_FAMILIES
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
@@ -88,13 +89,17 @@ class NFTLoss(PolicyLoss):
     The noise eps of a sample is drawn from a generator seeded by (training step, sample seed, step
     index), so N processes draw what one process would; the training step is ``current_step``,
     which only :meth:`begin_step` sets (the trainer calls it first in every step).
+
+    A loss built on this old policy (Astrolabe's) sets :attr:`options` to its own config section
+    (read for ``rollout_policy``) and overrides :meth:`old_policy_decay`; the hooks stay these.
     """
 
     forward_process = True
+    decay_metric = "nft_old_decay"
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.nft = config.nft
+        self.options = config.nft
         self.old_parameters: list[torch.Tensor] | None = None
         self.current_step = 0
 
@@ -125,22 +130,23 @@ class NFTLoss(PolicyLoss):
         self.current_step = step
 
     def rollout_policy(self, trainer: Trainer, step: int) -> contextlib.AbstractContextManager:
-        """The context rollouts run in: the old policy (``nft.rollout_policy = "old"``) or the current one."""
+        """The context rollouts run in: the old policy (``rollout_policy = "old"``) or the current one."""
         self._ensure_old(trainer.policy)  # the first old policy is the initial weights
-        if self.nft.rollout_policy == "old":
+        if self.options.rollout_policy == "old":
             return self.old_policy(trainer.policy)
         return contextlib.nullcontext()
+
+    def old_policy_decay(self, optimizer_steps: int) -> float:
+        """eta after ``optimizer_steps`` optimiser steps (:func:`~genalign.algorithms.nft.nft_old_policy_decay`)."""
+        nft = self.options
+        return nft_old_policy_decay(optimizer_steps, nft.ema_rate, nft.ema_max, nft.ema_flat)
 
     @torch.no_grad()
     def end_step(self, trainer: Trainer, step: int) -> dict[str, float]:
         """theta_old <- eta theta_old + (1 - eta) theta, eta from the optimiser step count."""
-        old = self._ensure_old(trainer.policy)
-        eta = nft_old_policy_decay(
-            trainer.optimizer_steps, self.nft.ema_rate, self.nft.ema_max, self.nft.ema_flat
-        )
-        for value, parameter in zip(old, trainer.policy.trainable_parameters()):
-            value.mul_(eta).add_(parameter.detach().to(value.dtype), alpha=1 - eta)
-        return {"nft_old_decay": eta}
+        eta = self.old_policy_decay(trainer.optimizer_steps)
+        soft_update_(self._ensure_old(trainer.policy), trainer.policy.trainable_parameters(), eta)
+        return {self.decay_metric: eta}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.old_parameters is None:
@@ -175,7 +181,7 @@ class NFTLoss(PolicyLoss):
                 f"the nft loss trains a flow or DDPM-family policy (family {' or '.join(map(repr, NFT_FAMILIES))}), "
                 f"got family {policy.family!r}"
             )
-        config, nft = self.config, self.nft
+        config, nft = self.config, self.options
         step_index = step_index.to(torch.long).cpu()
         settings = trajectory.settings
         policy.set_schedule(settings, trajectory.latents[:, 0])
