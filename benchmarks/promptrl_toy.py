@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sample_efficiency import mean_ci, merge, read_rows, write_csv  # noqa: E402
+from sample_efficiency import mean_ci, merge, read_rows, train_with_evaluations, write_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "toy" / "promptrl.yaml"
@@ -202,23 +202,23 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, items: list) -> list[
                     arm, seed, images, result["heldout_overall"], result["canonical_rate"])  # fmt: skip
 
     record(0, 0, initial_evaluation(trainer, items, sampling, args))
-    images, next_eval = 0, args.eval_every
-    for step in range(config.train.num_steps):
-        tick = time.perf_counter()
-        metrics = trainer.train_step(step)
-        trainer.step = step + 1
-        trainer.log(metrics)
-        train_seconds += time.perf_counter() - tick
-        images += per_step
+
+    def on_step(metrics: dict[str, Any]) -> None:
         rewards.append(float(metrics["reward_mean"]))
         tasks.append(float(metrics.get("task_reward", float("nan"))))
-        if images >= next_eval or step == config.train.num_steps - 1:
-            policy = trainer.policy
-            trainer.policy.trained_module.eval()
-            record(step + 1, images, evaluate_pipeline(policy["rewriter"], policy["generator"], items,
-                                                       sampling, config, args))  # fmt: skip
-            while next_eval <= images:
-                next_eval += args.eval_every
+
+    def evaluate(step: int, images: int, metrics: dict[str, Any], seconds: float) -> None:
+        nonlocal train_seconds
+        train_seconds = seconds
+        policy = trainer.policy
+        policy.trained_module.eval()
+        record(
+            step,
+            images,
+            evaluate_pipeline(policy["rewriter"], policy["generator"], items, sampling, config, args),
+        )
+
+    train_with_evaluations(trainer, config.train.num_steps, per_step, args.eval_every, evaluate, on_step)
     quarter = max(1, len(tasks) // 4)
     rows[-1]["task_reward_first"] = statistics.mean(tasks[:quarter])
     rows[-1]["task_reward_last"] = statistics.mean(tasks[-quarter:])

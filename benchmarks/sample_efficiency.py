@@ -51,6 +51,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,34 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], seed: int, run_
     return from_dict(RecipeConfig, data), per_step
 
 
+def train_with_evaluations(
+    trainer: Any,
+    num_steps: int,
+    per_step: int,
+    eval_every: int,
+    evaluate: Callable[[int, int, dict[str, Any], float], None],
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Run ``num_steps`` training steps of ``trainer`` (``per_step`` generated images each) and call
+    ``evaluate(step, images, metrics, train_seconds)`` each time another ``eval_every`` images have
+    been generated and after the last step; ``train_seconds`` is the training wall-clock so far,
+    evaluations excluded. ``on_step(metrics)`` sees every step's metrics before any evaluation."""
+    images, next_eval, seconds = 0, eval_every, 0.0
+    for step in range(num_steps):
+        tick = time.perf_counter()
+        metrics = trainer.train_step(step)
+        trainer.step = step + 1
+        trainer.log(metrics)
+        seconds += time.perf_counter() - tick
+        images += per_step
+        if on_step is not None:
+            on_step(metrics)
+        if images >= next_eval or step == num_steps - 1:
+            evaluate(step + 1, images, metrics, seconds)
+            while next_eval <= images:
+                next_eval += eval_every
+
+
 # The evaluation before training, shared by every run of one process with the same generator, sampler
 # and evaluation set: every method starts from the same weights (LoRA adapters start at zero), and
 # the evaluation seeds are fixed, so its images and score are the same for every method and seed.
@@ -277,6 +306,8 @@ def run_method(
             "step": step,
             "images": images,
             "eval_split": args.eval_split,
+            "eval_images": len(items),
+            "model": args.model,
             "heldout_overall": result["overall"],
             "heldout_image_accuracy": result["image_accuracy"],
             "train_reward_mean": train_reward,
@@ -295,21 +326,20 @@ def run_method(
         )
 
     evaluate(0, 0, float("nan"))
-    images, next_eval, start = 0, args.eval_every, time.perf_counter()
-    seconds = 0.0  # training wall-clock, evaluations excluded
+    start = time.perf_counter()
     rewards: list[float] = []
-    for step in range(config.train.num_steps):
-        tick = time.perf_counter()
-        metrics = trainer.train_step(step)
-        trainer.step = step + 1
-        trainer.log(metrics)
-        seconds += time.perf_counter() - tick
-        images += per_step
-        rewards.append(float(metrics["reward_mean"]))
-        if images >= next_eval or step == config.train.num_steps - 1:
-            evaluate(step + 1, images, rewards[-1], seconds)
-            while next_eval <= images:
-                next_eval += args.eval_every
+
+    def evaluate_after(step: int, images: int, metrics: dict[str, Any], seconds: float) -> None:
+        evaluate(step, images, rewards[-1], seconds)
+
+    train_with_evaluations(
+        trainer,
+        config.train.num_steps,
+        per_step,
+        args.eval_every,
+        evaluate_after,
+        lambda metrics: rewards.append(float(metrics["reward_mean"])),
+    )
     quarter = max(1, len(rewards) // 4)
     rows[-1]["train_reward_first"] = statistics.mean(rewards[:quarter])
     rows[-1]["train_reward_last"] = statistics.mean(rewards[-quarter:])
@@ -518,17 +548,31 @@ def read_rows(paths: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_setting(rows: list[dict[str, Any]], key: str, default: Any) -> Any:
+    """The one value of column ``key`` over ``rows`` (``default`` where no row has it, as in CSVs
+    written before the column existed); rows that disagree are an error naming both values."""
+    values = list(dict.fromkeys(row[key] for row in rows if key in row))
+    if len(values) > 1:
+        raise ValueError(f"the results mix runs with different {key}: {values[0]!r} and {values[1]!r}")
+    return values[0] if values else default
+
+
 def write_report(rows: list[dict[str, Any]], out: Path, args: argparse.Namespace, eval_images: int) -> str:
-    """Write ``summary.md`` and ``sample_efficiency.png`` for ``rows``; return the tables."""
+    """Write ``summary.md`` and ``sample_efficiency.png`` for ``rows``; return the tables. The
+    model, evaluated split and image count are the rows' own (``--from-csv`` merges earlier runs),
+    the command line's only for rows that lack them."""
     budgets = sorted({row["images"] for row in rows if row["images"] > 0})
     table = summarise(rows, budgets)
     seeds = sorted({row["seed"] for row in rows})
+    split = run_setting(rows, "eval_split", args.eval_split)
+    model = run_setting(rows, "model", args.model)
+    eval_images = int(run_setting(rows, "eval_images", eval_images))
     (out / "summary.md").write_text(
-        f"{args.eval_split} ShapesEval (overall, %) vs generated images, mean over seeds ± 95% "
-        f"t-interval; model {args.model}; reward {rows[0]['reward']}; {eval_images} {args.eval_split} "
+        f"{split} ShapesEval (overall, %) vs generated images, mean over seeds ± 95% "
+        f"t-interval; model {model}; reward {run_setting(rows, 'reward', '?')}; {eval_images} {split} "
         f"images; seeds {seeds}; training prompts: RL-train, balanced over categories.\n\n{table}"
     )
-    plot(rows, out / "sample_efficiency.png", args.eval_split)
+    plot(rows, out / "sample_efficiency.png", split)
     return table
 
 
@@ -544,7 +588,11 @@ def main(argv: list[str] | None = None) -> int:
         from genalign.toy.evaluation import eval_set
 
         eval_images = len(eval_set(args.eval_split, images_per_category=args.eval_images_per_category))
-        print(write_report(rows, out, args, eval_images))
+        try:
+            print(write_report(rows, out, args, eval_images))
+        except ValueError as error:
+            print(f"error: {' '.join(args.from_csv)}: {error}", file=sys.stderr)
+            return 2
         return 0
     torch.set_num_threads(args.threads)
     if not args.model.startswith("tiny:") and not Path(args.model).exists() and args.model == str(TOY_SD):

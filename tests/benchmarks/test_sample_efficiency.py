@@ -65,7 +65,7 @@ def test_summary_reports_mean_and_t_interval_over_seeds():
 
 
 @pytest.mark.slow
-def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path):
+def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path, capsys):
     bench = load_benchmark()
     out = tmp_path / "se"
     code = bench.main(
@@ -101,6 +101,16 @@ def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path):
         == 0
     )
     assert (merged / "summary.md").read_text().split("\n\n", 1)[1] == summary.split("\n\n", 1)[1]
+    # the report names the runs' model, split and image count, not the report command's defaults
+    header = (merged / "summary.md").read_text().split("\n\n", 1)[0]
+    assert "model tiny:sd;" in header and "6 rl_heldout images" in header
+    assert {r["model"] for r in rows} == {"tiny:sd"} and {r["eval_images"] for r in rows} == {"6"}
+    # merging runs of different models is refused, naming both
+    other = tmp_path / "other.csv"
+    other.write_text((out / "results.csv").read_text().replace("tiny:sd", "tiny:sd3"))
+    code = bench.main(["--from-csv", str(out / "results.csv"), str(other), "--out", str(tmp_path / "m2")])
+    assert code == 2
+    assert "different model: 'tiny:sd' and 'tiny:sd3'" in capsys.readouterr().err
 
 
 def test_images_per_step_counts_previews_and_regenerations():
