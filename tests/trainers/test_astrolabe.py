@@ -98,6 +98,9 @@ def test_recipe_checks_name_the_key(tmp_path):
         load_recipe(RECIPE, [run, "model.family=flow"])
     with pytest.raises(ConfigError, match="train.loss 'astrolabe'"):
         load_recipe(RECIPE, [run, "train.method=grpo", "train.loss=nft"])
+    # B2-DiffuRL branches trajectories (continue_rollout), which the ar_video family does not
+    with pytest.raises(ConfigError, match="model.family 'ar_video' trains with train.strategy 'astrolabe'"):
+        load_recipe(RECIPE, [run, "train.method=grpo", "train.strategy=b2diffurl"])
     with pytest.raises(ConfigError, match="sampling.guidance_scale must be 1.0"):
         load_recipe(RECIPE, [run, "sampling.guidance_scale=4.0"])
     with pytest.raises(ConfigError, match="train.astrolabe.timesteps"):
