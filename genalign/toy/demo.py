@@ -48,6 +48,7 @@ from genalign.toy.evaluation import (
     SetEvaluation,
     eval_set_for_images,
     evaluate_policy,
+    ground_truth_renders,
     heldout_eval_set,
     reward_change,
 )
@@ -448,7 +449,11 @@ def run_demo(
     hacking = hacking_check(history, headline.before["overall"], headline.after["overall"])
     train_set = evaluations["rl_train"]
     hacking.fixed_seed = reward_change(
-        trainer.reward, train_set.items, train_set.images_before, train_set.images_after
+        trainer.reward,
+        train_set.items,
+        train_set.images_before,
+        train_set.images_after,
+        ground_truth_images=ground_truth_renders(train_set.items, train_set.images_before.shape[-1]),
     )
     if oracle is not None:
         hacking.verdict = ORACLE_VERDICT

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from genalign.toy.prompts import PromptSpec, prompts_for
+from genalign.toy.prompts import PromptSpec, prompts_for, scene_for_spec
+from genalign.toy.scenes import render_scenes
 from genalign.toy.shapes_eval import evaluate
 
 EVAL_SETS: tuple[str, ...] = ("rl_heldout", "rl_train", "unseen_combinations")  # report order
@@ -252,7 +253,9 @@ class RewardChange:
     ``start_std``: the across-image std of the scores before training (ddof 1); ``within_std``:
     the pooled within-prompt std before training (the spread among seeds of one prompt, the unit
     group advantages divide by; NaN when no prompt has two images); ``change`` and its paired 95%
-    interval ``low`` / ``high`` (stratified by category, :func:`paired_change_interval`).
+    interval ``low`` / ``high`` (stratified by category, :func:`paired_change_interval`);
+    ``ground_truth``: the reward's mean on ground-truth renders of the same prompts (what a perfect
+    generator would score; ``None`` when not measured).
     """
 
     before: float
@@ -262,11 +265,27 @@ class RewardChange:
     change: float
     low: float
     high: float
+    ground_truth: float | None = None
 
     @property
     def effect(self) -> float:
         """The change in units of the starting across-image std."""
         return self.change / self.start_std if self.start_std > 0 else 0.0
+
+    @property
+    def ground_truth_effect(self) -> float | None:
+        """How far ground-truth renders score above the start, in starting across-image stds."""
+        if self.ground_truth is None or not self.start_std > 0:
+            return None
+        return (self.ground_truth - self.before) / self.start_std
+
+    @property
+    def gap_closed(self) -> float | None:
+        """The fraction of the gap between the start and the ground truth's score that training
+        closed (``None`` without a ground truth above the start)."""
+        if self.ground_truth is None or not self.ground_truth > self.before:
+            return None
+        return self.change / (self.ground_truth - self.before)
 
     def summary(self, prefix: str) -> dict[str, Any]:
         return {
@@ -277,6 +296,9 @@ class RewardChange:
             f"{prefix}_start_std": self.start_std,
             f"{prefix}_within_prompt_std": _finite_or_none(self.within_std),
             f"{prefix}_effect_sd": self.effect,
+            f"{prefix}_ground_truth": self.ground_truth,
+            f"{prefix}_ground_truth_effect_sd": self.ground_truth_effect,
+            f"{prefix}_gap_closed": self.gap_closed,
         }
 
 
@@ -300,9 +322,11 @@ def reward_change(
     images_before: torch.Tensor,
     images_after: torch.Tensor,
     batch_size: int = 64,
+    ground_truth_images: torch.Tensor | None = None,
 ) -> RewardChange:
     """Score the same (prompt, seed) pairs' images before and after training with ``reward`` (a
-    :class:`genalign.rewards.Reward`; called as ``reward(images, prompts).scores``)."""
+    :class:`genalign.rewards.Reward`; called as ``reward(images, prompts).scores``), and
+    ``ground_truth_images`` (one per pair, e.g. :func:`ground_truth_renders`) when given."""
     prompts = [prompt.caption for prompt, _ in items]
 
     def scores(images: torch.Tensor) -> list[float]:
@@ -313,6 +337,7 @@ def reward_change(
         return out
 
     before, after = scores(images_before), scores(images_after)
+    truth = None if ground_truth_images is None else float(np.mean(scores(ground_truth_images)))
     change, low, high = paired_change_interval(before, after, [prompt.category for prompt, _ in items])
     return RewardChange(
         before=float(np.mean(before)),
@@ -322,4 +347,13 @@ def reward_change(
         change=change,
         low=low,
         high=high,
+        ground_truth=truth,
     )
+
+
+def ground_truth_renders(items: Sequence[tuple[PromptSpec, int]], size: int = 48) -> torch.Tensor:
+    """One ground-truth render per (prompt, seed) pair, ``[N, 3, size, size]`` in [0, 1]: a scene
+    that satisfies the prompt (:func:`~genalign.toy.prompts.scene_for_spec`), drawn from the pair's
+    seed, so the same pairs give the same renders."""
+    scenes = [scene_for_spec(prompt, np.random.default_rng(seed)) for prompt, seed in items]
+    return render_scenes(scenes, size, backend="skia").float()

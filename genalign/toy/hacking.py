@@ -143,7 +143,7 @@ def hacking_lines(
 def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
     """The reward on the RL-train evaluation images: no rollout noise, the same seeds before and after."""
     within = "n/a" if math.isnan(change.within_std) else f"{change.change / change.within_std:+.2f}"
-    return [
+    lines = [
         f"The {'reward' if oracle else 'learned reward'} on the {len(evaluation.items)} RL-train evaluation "
         f"images (the same prompts and seeds before and after): {change.before:.4f} → {change.after:.4f}, "
         f"change {change.change:+.4f} (95% CI [{change.low:+.4f}, {change.high:+.4f}]) = "
@@ -151,3 +151,13 @@ def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: s
         f"{within} within-prompt sd ({change.within_std:.4f}).",
         "",
     ]
+    if change.ground_truth is not None:
+        closed = change.gap_closed
+        lines += [
+            f"Ground-truth renders of the same prompts score {change.ground_truth:.4f} with this reward "
+            f"({change.ground_truth_effect:+.2f} starting sd above the start): the most a perfect generator "
+            "could gain without exploiting the reward's errors"
+            + (f"; training closed {closed:.0%} of that gap." if closed is not None else "."),
+            "",
+        ]
+    return lines

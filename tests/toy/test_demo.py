@@ -142,7 +142,7 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     ]
     evaluations = _fake_evaluations()
     hacking = HackingCheck(2.0, 0.1, 0.5, 1, "reward hacking: test")
-    hacking.fixed_seed = RewardChange(0.5, 0.6, 0.2, 0.1, 0.1, 0.05, 0.15)
+    hacking.fixed_seed = RewardChange(0.5, 0.6, 0.2, 0.1, 0.1, 0.05, 0.15, ground_truth=0.9)
     curve = [(0, 0.5), (3, 1.0)]
     report = write_report(
         tmp_path, config, history, evaluations, hacking, curve, 60.0, leaks={"rl_heldout": 3}
@@ -160,6 +160,8 @@ def test_write_report_has_three_sections_and_the_summary_keys(tmp_path):
     assert "the learned reward 0.4000 → 0.6000" in text
     assert "RL-train evaluation images (the same prompts and seeds before and after): 0.5000 → 0.6000" in text
     assert "**+0.50** starting sd across images (0.2000), +1.00 within-prompt sd (0.1000)" in text
+    assert "Ground-truth renders of the same prompts score 0.9000 with this reward (+2.00 starting sd" in text
+    assert "training closed 25% of that gap" in text
     headline = evaluations["rl_heldout"]
     change, low, high = headline.interval()
     assert f"{100 * change:+.1f} points, 95% CI [{100 * low:+.1f}, {100 * high:+.1f}]" in text

@@ -10,7 +10,14 @@ import torch
 
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.toy.demo import HackingCheck, demo_summary, hacking_check
-from genalign.toy.evaluation import eval_set, paired_change_interval, pooled_within_std, reward_change
+from genalign.toy.evaluation import (
+    eval_set,
+    ground_truth_renders,
+    paired_change_interval,
+    pooled_within_std,
+    reward_change,
+)
+from genalign.toy.shapes_eval import evaluate
 
 
 class MeanBrightness(Reward):
@@ -79,3 +86,26 @@ def test_summary_carries_the_fixed_seed_reward_change():
     assert summary["reward_effect_within_prompt"] == 2.0
     assert summary["rl_train_reward_change"] < 0
     assert summary["rl_train_reward_before"] == pytest.approx(images.mean().item(), abs=1e-6)
+
+
+def test_ground_truth_renders_satisfy_their_prompts_and_measure_the_reachable_gain():
+    items = eval_set("rl_train", images_per_category=3)
+    renders = ground_truth_renders(items)
+    assert renders.shape == (len(items), 3, 48, 48) and 0.0 <= renders.min() and renders.max() <= 1.0
+    assert torch.equal(renders, ground_truth_renders(items))  # the same pairs give the same renders
+    assert evaluate(renders, [p.spec for p, _ in items])["image_accuracy"] >= 0.95  # the verifier agrees
+    n = len(items)
+    before = torch.full((n, 3, 8, 8), 0.2)
+    before[: n // 2] = 0.4  # start: mean 0.3, std > 0
+    after = before + 0.1
+    truth = torch.full((n, 3, 8, 8), 0.5)
+    change = reward_change(MeanBrightness(), items, before, after, ground_truth_images=truth)
+    assert change.ground_truth == pytest.approx(0.5)
+    assert change.gap_closed == pytest.approx(0.1 / (0.5 - change.before))  # half of the 0.2 gap
+    assert change.ground_truth_effect == pytest.approx((0.5 - change.before) / change.start_std)
+    summary = change.summary("rl_train_reward")
+    assert summary["rl_train_reward_gap_closed"] == pytest.approx(0.5, abs=1e-6)
+    # a ground truth the reward scores below the start: no gap to close
+    low = reward_change(MeanBrightness(), items, before, after, ground_truth_images=truth * 0.1)
+    assert low.gap_closed is None and low.ground_truth_effect < 0
+    assert reward_change(MeanBrightness(), items, before, after).summary("r")["r_ground_truth"] is None
