@@ -139,8 +139,6 @@ def train_flow(
     replace). ``caption_noise``: :func:`toy_dataset`; ``snapshot_every`` saves the EMA weights to
     ``out/snapshot`` every that many steps.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
     images, captions = toy_dataset(num_images, seed=seed + 3000, caption_noise=caption_noise)
@@ -175,23 +173,7 @@ def train_flow(
         return F.mse_loss(velocity, noise - z0)  # conditional flow matching
 
     def save(averages: Sequence[torch.nn.Module], done: int, folder) -> tuple[Any, dict[str, Any]]:
-        encoder_1, encoder_2, averaged_transformer = averages
-        pipe = StableDiffusion3Pipeline(
-            transformer=averaged_transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0),
-            vae=vae,
-            text_encoder=encoder_1,
-            tokenizer=tokenizer,
-            text_encoder_2=encoder_2,
-            tokenizer_2=copy.deepcopy(tokenizer),
-            text_encoder_3=None,
-            tokenizer_3=None,
-        )
-        parameters = {
-            "transformer": averaged_transformer,
-            "text_encoders": [encoder_1, encoder_2],
-            "vae": vae,
-        }
+        pipe, parameters = _flow_pipeline(vae, tokenizer, *averages)
         return finish_training(pipe, parameters, done, log, start, folder)
 
     def snapshot(done: int) -> None:
@@ -203,6 +185,25 @@ def train_flow(
         loss_fn, params, optimizer, scheduler, steps, log, ema, ema_schedule, max_minutes, snapshot
     )
     return save(load_averages(ema, averaged), done, out)
+
+
+def _flow_pipeline(vae, tokenizer, encoder_1, encoder_2, transformer) -> tuple[Any, dict[str, Any]]:
+    """The SD3 pipeline of toy-flow's modules (no T5; Euler flow matching, shift 1) and its
+    parameter groups for the card."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0),
+        vae=vae,
+        text_encoder=encoder_1,
+        tokenizer=tokenizer,
+        text_encoder_2=encoder_2,
+        tokenizer_2=copy.deepcopy(tokenizer),
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+    return pipe, {"transformer": transformer, "text_encoders": [encoder_1, encoder_2], "vae": vae}
 
 
 def _flow_modules(
