@@ -286,3 +286,30 @@ def test_the_ranked_rewards_are_checked_against_the_ensemble_members(tmp_path):
     assert helper.others == ["c"]
     with pytest.raises(ConfigError, match=r"train.astrolabe.other_rewards \['z'\] are not among"):
         SelectiveKL(_config(tmp_path, "train.astrolabe.other_rewards=[z]").train.astrolabe).bind(three)
+
+
+@pytest.mark.slow
+def test_two_processes_rank_the_global_batch_as_one_process_does(tmp_path):
+    """Each process scores its rows; the ranks, the selection and the update are the global batch's."""
+    from safetensors.torch import load_file
+
+    from tests.trainers.test_trainer import _torchrun
+
+    script = Path(__file__).with_name("distributed_run.py")
+    recipe = f"recipe={RECIPE.relative_to(ROOT)}"
+    _torchrun(script, tmp_path / "two", recipe, "train.num_steps=2")
+    _torchrun(script, tmp_path / "one", recipe, "train.num_steps=2", processes=1)
+    rows = {}
+    for name in ("one", "two"):
+        lines = (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
+        rows[name] = [json.loads(line) for line in lines]
+    assert sum(row["selective_kl_selected"] for row in rows["one"]) > 0
+    for one, two in zip(rows["one"], rows["two"], strict=True):
+        for key in one:
+            if key.startswith("selective_kl_") and key != "selective_kl_reset_pending":
+                assert two[key] == pytest.approx(one[key], rel=1e-9), key
+        assert two["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-6)
+    rank0 = load_file(tmp_path / "two" / "params-rank0.safetensors")
+    single = load_file(tmp_path / "one" / "params-rank0.safetensors")
+    for key in rank0:
+        torch.testing.assert_close(rank0[key], single[key], atol=1e-4, rtol=1e-3)
