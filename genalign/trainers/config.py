@@ -437,6 +437,11 @@ class RecipeConfig:
                 raise ConfigError(
                     f"train.{key} 'astrolabe' is for the 'ar_video' family, but model.family is {self.model.family!r}"
                 )
+        name = self.reward.name
+        if video and self.train.astrolabe.selective_kl and name != "ensemble" and ":" not in name:
+            raise ConfigError(
+                f"train.astrolabe.selective_kl ranks the members of an 'ensemble' reward, but reward.name is {name!r}"
+            )
         if video and self.sampling.guidance_scale != 1.0:
             raise ConfigError(
                 f"sampling.guidance_scale must be 1.0 for the 'ar_video' family (distilled models sample "

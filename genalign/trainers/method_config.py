@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from genalign.algorithms.selective_kl import SelectiveKLConfig
 from genalign.config import ConfigError
 
 __all__ = [
     "AstrolabeConfig",
+    "SelectiveKLConstants",
     "B2DiffuRLConfig",
     "NFTConfig",
     "PromptRewriteConfig",
@@ -122,6 +124,23 @@ class NFTConfig:
             raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
 
 
+@dataclass(frozen=True)
+class SelectiveKLConstants(SelectiveKLConfig):
+    """``train.astrolabe.selective_kl_constants``: the selective KL's constants, the released values
+    by default (fields and meaning: :class:`genalign.algorithms.selective_kl.SelectiveKLConfig`)."""
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            raise ConfigError(f"train.astrolabe.selective_kl_constants: {error}") from error
+        for key in ("fraction_rate", "kl_threshold", "kl_threshold_step"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(
+                    f"train.astrolabe.selective_kl_constants.{key} must be positive, got {getattr(self, key)}"
+                )
+
+
 @dataclass
 class AstrolabeConfig:
     """Options of Astrolabe (arXiv 2603.17051): the ``astrolabe`` strategy and loss of the
@@ -141,6 +160,14 @@ class AstrolabeConfig:
     released script): train only a window of this many latent frames (a multiple of the block
     size), its start drawn per loss call among the block starts, the frames before it a detached
     history (:meth:`genalign.policies.ARVideoPolicy.predict_window_x0`); None: the whole video.
+
+    Selective KL (``selective_kl``; the released multi-reward runs' ``use_select_kl``, "GARDO";
+    :mod:`genalign.algorithms.selective_kl`): the KL applies only to the samples whose rank under
+    ``main_reward`` (an ``ensemble`` member's key; the official ``main_reward``, HPSv3) is worst
+    against the mean rank under ``other_rewards`` (None: the first two other members, as
+    released), and its reference is a lagging copy of the trained weights, reset by the released
+    rule, instead of the adapter-disabled model. Needs ``kl_weight > 0`` and ``reward.name:
+    ensemble``; ``selective_kl_constants`` holds its constants (:class:`SelectiveKLConstants`).
     """
 
     num_latent_frames: int | None = None
@@ -154,8 +181,13 @@ class AstrolabeConfig:
     ema_rate: float = 0.001
     ema_max: float = 0.5
     rollout_policy: Literal["old", "current"] = "old"
+    selective_kl: bool = False
+    main_reward: str | None = None
+    other_rewards: list[str] | None = None
+    selective_kl_constants: SelectiveKLConstants = field(default_factory=SelectiveKLConstants)
 
     def __post_init__(self) -> None:
+        self._check_selective_kl()
         if self.num_latent_frames is not None and self.num_latent_frames <= 0:
             raise ConfigError(
                 f"train.astrolabe.num_latent_frames must be positive, got {self.num_latent_frames}"
@@ -171,6 +203,30 @@ class AstrolabeConfig:
             )
         if not 0.0 <= self.ema_max < 1.0:
             raise ConfigError(f"train.astrolabe.ema_max must lie in [0, 1), got {self.ema_max}")
+
+    def _check_selective_kl(self) -> None:
+        if not self.selective_kl:
+            for key in ("main_reward", "other_rewards"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(
+                        f"train.astrolabe.{key} is an option of train.astrolabe.selective_kl, which is off"
+                    )
+            return
+        if self.kl_weight <= 0:
+            raise ConfigError(
+                f"train.astrolabe.selective_kl selects the samples of the KL term: it needs train.astrolabe.kl_weight > 0, got {self.kl_weight}"
+            )
+        if not self.main_reward:
+            raise ConfigError(
+                "train.astrolabe.main_reward is required with train.astrolabe.selective_kl (the key of an ensemble member)"
+            )
+        others = self.other_rewards
+        if others is not None and (
+            not others or self.main_reward in others or len(set(others)) < len(others)
+        ):
+            raise ConfigError(
+                f"train.astrolabe.other_rewards must be distinct ensemble member keys other than main_reward {self.main_reward!r}, got {others}"
+            )
 
 
 @dataclass

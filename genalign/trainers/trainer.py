@@ -18,8 +18,9 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
    global batch (zero-advantage samples left out under ``drop_zero_advantage``), gives each
    sample ``timestep_fraction`` of its trainable steps (a random subset, or the first ones:
    ``timestep_order``) and yields this process's part of every minibatch, which accumulates
-   gradients over those steps; every ``gradient_accumulation_steps`` minibatches the optimiser
-   steps (not when the gradient is not finite: the step's ``nonfinite_grad_steps`` counts those);
+   gradients over those steps (after the loss's ``prepare_update`` hook saw the batch); every
+   ``gradient_accumulation_steps`` minibatches the loss's ``before_optimizer_step`` hook, then the
+   optimiser steps (not when the gradient is not finite: ``nonfinite_grad_steps`` counts those);
    then the loss's ``end_step`` hook (DiffusionNFT's old-policy soft update);
 4. metrics are logged; checkpoints are written atomically.
 
@@ -245,6 +246,7 @@ class Trainer:
         # a copy of the trainable weights for the step's param_change (off: logging.param_change)
         before = snapshot(self.parameters) if self.config.logging.param_change else None
         update_start = time.perf_counter()
+        metrics.update(self.loss.prepare_update(self, batch))  # e.g. Astrolabe's selective-KL mask
         metrics.update(self.update(step, batch, trainable_steps))
         metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
@@ -332,6 +334,7 @@ class Trainer:
 
     def _optimizer_step(self) -> None:
         train = self.config.train
+        self.loss.before_optimizer_step(self)  # the step's minibatches are done (Astrolabe's KL watch)
         self._sum_gradients_across_processes()
         # the norm before clipping (clip_grad_norm_ returns it); inf clips nothing
         norm = torch.nn.utils.clip_grad_norm_(

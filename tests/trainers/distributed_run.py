@@ -2,7 +2,8 @@
 
 ``python distributed_run.py OUT [key=value ...]`` alone (one process) or under torchrun with
 ``--nproc_per_node 2``; the overrides (``train.fsdp=true``, ``model.lora=null``, ...) follow the
-recipe's defaults below.
+recipe's defaults below. A first override ``recipe=<path>`` trains that recipe instead, with only
+the given overrides (the run's metrics are in ``OUT/run/metrics.jsonl``).
 """
 
 from __future__ import annotations
@@ -23,20 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def main(out: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
     accelerator = Accelerator(cpu=True)
+    recipe = ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml"
+    defaults = [
+        "sampling.num_inference_steps=4",
+        "train.num_steps=2",
+        "train.prompts_per_step=2",
+        "train.group_size=2",
+        "train.minibatch_size=2",
+        "train.timestep_fraction=0.5",
+        "train.advantage=group",
+    ]
+    if overrides and overrides[0].startswith("recipe="):
+        recipe, defaults, overrides = ROOT / overrides[0][len("recipe=") :], [], overrides[1:]
     config = load_recipe(
-        ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml",
-        [
-            "sampling.num_inference_steps=4",
-            "train.num_steps=2",
-            "train.prompts_per_step=2",
-            "train.group_size=2",
-            "train.minibatch_size=2",
-            "train.timestep_fraction=0.5",
-            "train.advantage=group",
-            f"logging.run_dir={out}/run",
-            "logging.progress=false",
-            *overrides,
-        ],
+        recipe, [*defaults, f"logging.run_dir={out}/run", "logging.progress=false", *overrides]
     )
     trainer = build_trainer(config, accelerator=accelerator)
     Path(out).mkdir(parents=True, exist_ok=True)

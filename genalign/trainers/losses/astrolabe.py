@@ -30,10 +30,16 @@ minibatch on each GPU; here too each process draws its own sequence, the same on
 that makes the same calls. The trainer's per-sample step indices are not used: the level is the
 minibatch's, not the sample's (``train.timestep_fraction = 0.25`` makes one call per minibatch
 on the 4-step grid).
+
+Selective KL (``train.astrolabe.selective_kl``; the released multi-reward runs' ``use_select_kl``):
+the KL term applies to the samples of the step's mask only, against a lagging copy of the trained
+weights instead of the adapter-disabled model (:mod:`genalign.trainers.losses.selective_kl`: the
+hooks ``prepare_update`` and ``before_optimizer_step``, the mask in ``trajectory.extras``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -48,6 +54,7 @@ from genalign.algorithms.astrolabe import (
 from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.forward_process import seeded_noise
 from genalign.trainers.losses.nft import NFTLoss
+from genalign.trainers.losses.selective_kl import KL_MASK_KEY, SelectiveKL
 from genalign.trainers.strategies.base import step_generator
 
 __all__ = ["AstrolabeLoss"]
@@ -59,7 +66,9 @@ class AstrolabeLoss(NFTLoss):
 
     Hooks (inherited): ``forward_process = True``; :meth:`begin_step` keys the step's draws;
     ``rollout_policy`` samples with the old policy (``train.astrolabe.rollout_policy``);
-    ``end_step`` soft-updates it with :meth:`old_policy_decay`.
+    ``end_step`` soft-updates it with :meth:`old_policy_decay`. Under ``selective_kl`` also
+    ``bind``, ``prepare_update``, ``before_optimizer_step`` and the checkpointed state of
+    :attr:`selective` (:class:`~genalign.trainers.losses.selective_kl.SelectiveKL`).
     """
 
     decay_metric = "astrolabe_old_decay"
@@ -68,9 +77,46 @@ class AstrolabeLoss(NFTLoss):
         super().__init__(config)
         self.options = config.astrolabe
         self.calls = 0  # loss calls so far in the current step: keys the level and the noise
+        self.selective = SelectiveKL(self.options) if self.options.selective_kl else None
 
     def begin_step(self, step: int) -> None:
         self.current_step, self.calls = step, 0
+
+    # ---- the selective KL's hooks (no-ops without it) --------------------------------------------
+    def bind(self, trainer: Any) -> None:
+        if self.selective is not None:
+            self.selective.bind(trainer.reward)
+
+    def prepare_update(self, trainer: Any, batch: Any) -> dict[str, float]:
+        """Under selective KL: the reference reset rule and the step's KL mask (in the batch)."""
+        if self.selective is None:
+            return {}
+        return self.selective.prepare(trainer, batch, self.current_step)
+
+    def before_optimizer_step(self, trainer: Any) -> None:
+        if self.selective is not None:
+            self.selective.before_optimizer_step(trainer)
+
+    def end_step(self, trainer: Any, step: int) -> dict[str, float]:
+        metrics = super().end_step(trainer, step)
+        if self.selective is not None:
+            metrics.update(self.selective.end())
+        return metrics
+
+    def reference(self, policy: Any) -> contextlib.AbstractContextManager:
+        """The KL's reference: the lagging copy under selective KL, else the adapter-disabled model."""
+        return policy.reference() if self.selective is None else self.selective.swapped(policy)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = super().state_dict()
+        if self.selective is not None:
+            state.update(self.selective.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        if self.selective is not None and state:
+            self.selective.load_state_dict(state)
 
     def old_policy_decay(self, optimizer_steps: int) -> float:
         """eta = min(ema_rate * i, ema_max) (:func:`~genalign.algorithms.astrolabe.astrolabe_old_policy_decay`)."""
@@ -115,10 +161,18 @@ class AstrolabeLoss(NFTLoss):
             x0_old = self._predict(policy, x_t, levels, conditioning, start, stop)
         x0_theta = self._predict(policy, x_t, levels, conditioning, start, stop)
         if options.kl_weight > 0:
-            with torch.no_grad(), policy.reference():
+            with torch.no_grad(), self.reference(policy):
                 x0_ref = self._predict(policy, x_t, levels, conditioning, start, stop)
         else:
             x0_ref = x0_theta.detach()
+        kl_mask = None
+        if self.selective is not None:
+            kl_mask = trajectory.extras.get(KL_MASK_KEY)
+            if kl_mask is None:
+                raise ValueError(
+                    f"train.astrolabe.selective_kl: the minibatch carries no KL mask (trajectory.extras[{KL_MASK_KEY!r}]); "
+                    "the trainer's prepare_update hook sets it"
+                )
         loss, info = astrolabe_loss(
             x0_theta,
             x0_old,
@@ -130,7 +184,10 @@ class AstrolabeLoss(NFTLoss):
             advantage_clip=options.advantage_clip,
             adaptive_weighting=options.adaptive_weighting,
             clip_over_beta=options.clip_over_beta,
+            kl_mask=kl_mask,
         )
+        if self.selective is not None:
+            self.selective.observe(info["astrolabe_kl_loss"])
         metrics = {
             "policy_loss": info["astrolabe_policy_loss"],
             "astrolabe_timestep": torch.tensor(float(timestep)),

@@ -14,6 +14,12 @@ hook                      called / used
 ``forward_process``       True: noises the final samples itself, so every step index of any
                           rollout (ODE included) is trainable, not only the stochastic ones
 ``train_steps(T)``        the step indices the loss may train on (ReFL's window); None: all
+``prepare_update(...)``   once the step's batch is scored and has advantages, before its update
+                          (not on a skipped step); may attach per-sample tensors to
+                          ``batch.trajectory.extras``, which minibatches carry row by row
+                          (Astrolabe's selective-KL mask); returns metrics
+``before_optimizer_step`` when an optimiser step's minibatches are done, before it is applied
+                          (or skipped for a non-finite gradient; Astrolabe's reset watch)
 ``end_step(trainer, s)``  after the step's last optimiser step; returns metrics (NFT's soft update)
 ``state_dict()``          tensors checkpointed with the run, restored by ``load_state_dict``
 ========================  ==========================================================================
@@ -73,6 +79,14 @@ class PolicyLoss(abc.ABC):
     def train_steps(self, num_steps: int) -> torch.Tensor | None:
         """The step indices of a ``num_steps``-step trajectory this loss may train on; None: all."""
         return None
+
+    def prepare_update(self, trainer: Any, batch: Any) -> dict[str, float]:
+        """Called with the step's scored :class:`~genalign.trainers.strategies.base.RolloutBatch`
+        before its update (not on a skipped step); returns metrics."""
+        return {}
+
+    def before_optimizer_step(self, trainer: Any) -> None:  # noqa: B027 - an optional hook, a no-op by default
+        """Called when the minibatches of an optimiser step are done, before it is applied."""
 
     def end_step(self, trainer: Any, step: int) -> dict[str, float]:
         """Called after the last optimiser step of training step ``step``; returns metrics."""

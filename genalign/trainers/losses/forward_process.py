@@ -3,7 +3,9 @@ conditional (unguided) prediction settings and the KL stand-in to the reference 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +13,31 @@ import torch
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy
 
-__all__ = ["conditional_settings", "reference_output_kl", "seeded_noise", "with_reference_kl"]
+__all__ = [
+    "conditional_settings",
+    "reference_output_kl",
+    "seeded_noise",
+    "swapped_trainable_parameters",
+    "with_reference_kl",
+]
+
+
+@contextlib.contextmanager
+def swapped_trainable_parameters(policy: Any, values: Sequence[torch.Tensor], what: str) -> Iterator[Any]:
+    """Within this context the policy's trainable parameters hold ``values`` (a list of tensors
+    parallel to ``policy.trainable_parameters()``: DiffusionNFT's old policy, Astrolabe's lagging
+    reference, ``what`` names it in the error); the current weights are put back on exit."""
+    parameters = policy.trainable_parameters()
+    if len(parameters) != len(values):
+        raise ValueError(f"the policy has {len(parameters)} trainable tensors, the {what} {len(values)}")
+    current = [p.data for p in parameters]
+    for parameter, value in zip(parameters, values):
+        parameter.data = value
+    try:
+        yield policy
+    finally:
+        for parameter, value in zip(parameters, current):
+            parameter.data = value
 
 
 def seeded_noise(

@@ -65,7 +65,12 @@ from genalign.algorithms.astrolabe import soft_update_
 from genalign.algorithms.nft import nft_loss_in_x0, nft_old_policy_decay
 from genalign.trainers.config import NFT_FAMILIES
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
-from genalign.trainers.losses.forward_process import conditional_settings, seeded_noise, with_reference_kl
+from genalign.trainers.losses.forward_process import (
+    conditional_settings,
+    seeded_noise,
+    swapped_trainable_parameters,
+    with_reference_kl,
+)
 
 if TYPE_CHECKING:
     from genalign.policies import DiffusionPolicy, Trajectory
@@ -112,18 +117,8 @@ class NFTLoss(PolicyLoss):
     @contextlib.contextmanager
     def old_policy(self, policy: DiffusionPolicy) -> Iterator[DiffusionPolicy]:
         """Within this context the policy's trainable parameters hold the old (EMA) weights."""
-        old = self._ensure_old(policy)
-        parameters = policy.trainable_parameters()
-        if len(parameters) != len(old):
-            raise ValueError(f"the policy has {len(parameters)} trainable tensors, the old policy {len(old)}")
-        current = [p.data for p in parameters]
-        for parameter, value in zip(parameters, old):
-            parameter.data = value
-        try:
+        with swapped_trainable_parameters(policy, self._ensure_old(policy), "old policy"):
             yield policy
-        finally:
-            for parameter, value in zip(parameters, current):
-                parameter.data = value
 
     def begin_step(self, step: int) -> None:
         """Key this step's noise by the training step ``step``."""
@@ -156,9 +151,9 @@ class NFTLoss(PolicyLoss):
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if not state:
+        values = [state[key] for key in sorted(state) if key.startswith("old.")]  # a subclass adds others
+        if not values:
             return
-        values = [state[key] for key in sorted(state)]
         if self.old_parameters is not None and len(values) != len(self.old_parameters):
             raise ValueError(
                 f"checkpoint holds {len(values)} old-policy tensors, expected {len(self.old_parameters)}"

@@ -10,6 +10,9 @@ and ``sampling.num_inference_steps`` steps per block, scores them with a video r
 
 (:func:`genalign.algorithms.astrolabe.astrolabe_advantages`; the official per-prompt tracker with
 ``global_std=True``, cleared every epoch, and ``train.adv_clip_max`` = 5).
+
+The batch keeps the reward's per-sample details (``RolloutBatch.sample_details``: an ``ensemble``'s
+member scores), which the loss ranks for the selective KL (``train.astrolabe.selective_kl``).
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ class AstrolabeStrategy(GroupRolloutStrategy):
                 local_prompts, seeds=seeds[rows], **self.rollout_kwargs(context)
             )
         trajectory.group_ids = group_ids[rows]
-        rewards, details = context.score(trajectory)
-        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)
+        rewards, details, per_sample = context.score_per_sample(trajectory)
+        return RolloutBatch.of_groups(
+            context, trajectory, rewards, details, rows, prompts, group_ids, sample_details=per_sample
+        )
 
     def advantages(self, rewards: torch.Tensor, prompts: list[str], group_ids: torch.Tensor) -> torch.Tensor:
         """``[B_global]``: centred on each prompt's mean, over the batch's std, clipped."""

@@ -107,10 +107,24 @@ class RolloutContext:
         reward scores ``outputs`` (default ``trajectory.outputs``: images, or a language policy's
         completions; the ``svg`` strategy passes the extracted SVGs) and gets ``metadata`` (per
         sample, e.g. ``targets`` and ``reference_svgs``) as keyword arguments."""
+        rewards, details, _ = self.score_per_sample(trajectory, outputs, **metadata)
+        return rewards, details
+
+    def score_per_sample(
+        self, trajectory: Trajectory | TokenTrajectory, outputs: Any = None, **metadata: Any
+    ) -> tuple[torch.Tensor, dict[str, Any], dict[str, torch.Tensor]]:
+        """:meth:`score`, and the reward's per-sample details: each ``[B_local]`` tensor of its
+        ``details`` (an ``ensemble``'s member scores), detached, fp32 on :attr:`device`."""
         outputs = trajectory.outputs if outputs is None else outputs
         out = self.reward(outputs, list(trajectory.prompts), **metadata)
         details = {k: v for k, v in out.details.items() if isinstance(v, (int, float))}
-        return out.scores.detach().float().to(self.device), details
+        batch = len(trajectory.prompts)
+        per_sample = {
+            k: v.detach().float().to(self.device)
+            for k, v in out.details.items()
+            if torch.is_tensor(v) and v.shape == (batch,)
+        }
+        return out.scores.detach().float().to(self.device), details, per_sample
 
 
 @dataclass
@@ -133,6 +147,8 @@ class RolloutBatch:
         global_group_ids: ``[B_global]`` the comparison group of each global sample (a prompt's
             group, a source's branches), for the within-group reward diagnostics; None: unknown.
         global_prompts: the ``B_global`` prompts, for per-prompt advantages; None: unknown.
+        sample_details: the reward's per-sample details ``[B_local]`` (an ensemble's member scores)
+            where the strategy keeps them (``astrolabe``: for the selective KL's ranks).
     """
 
     trajectory: Trajectory | TokenTrajectory
@@ -148,6 +164,7 @@ class RolloutBatch:
     train_steps: torch.Tensor | None = None
     global_group_ids: torch.Tensor | None = None
     global_prompts: list[str] | None = None
+    sample_details: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of_groups(
