@@ -175,3 +175,21 @@ def test_input_errors_name_the_value():
         verify_video(torch.ones(8, 3, 48, 48), spec)
     with pytest.raises(ValueError, match="2 videos but 1 specs"):
         evaluate_videos(torch.ones(2, 8, 3, 48, 48), [single_motion_spec("red", "circle", "right")])
+
+
+def test_toy_video_eval_reward_from_specs_and_from_prompts():
+    from genalign.rewards import load_reward
+
+    reward = load_reward("toy_video_eval")
+    right = _video(MovingObject("circle", "red", 0.3, 0.5, 0.25, "right", 0.03))
+    left = _video(MovingObject("circle", "red", 0.7, 0.5, 0.25, "left", 0.03))
+    videos = torch.stack([right, left, right])
+    prompts = ["a red circle moving right", "a red circle moving right", "a red circle flying"]
+    out = reward(videos, prompts)
+    assert out.scores.tolist() == [1.0, 0.0, 0.0] and out.details["unparsed_count"] == 1
+    assert out.details["tracks"][1][0]["motion"] == "left"
+    partial = load_reward("toy_video_eval", partial=True)
+    specs = [single_motion_spec("red", "circle", "right")] * 3
+    assert partial(videos, prompts, specs=specs).scores.tolist() == pytest.approx([1.0, 2 / 3, 1.0])
+    with pytest.raises(ValueError, match=r"\[B, F, 3, H, W\], got \(8, 3, 48, 48\)"):
+        reward(right, ["a red circle moving right"])  # a single video, not a batch

@@ -9,6 +9,8 @@
   and video scenes sampled for a prompt.
 - ``verifier``: detection per frame, tracking, motion from centroid slopes and spec checks.
 - ``data``: ``(frames, caption)`` pairs for training a toy video generator.
+- ``reward``: the verifier as the ``toy_video_eval`` reward (registered lazily in
+  :mod:`genalign.rewards`), a reward or a monitor.
 
     >>> from genalign.toy.video import sample_video_for_prompt, render_video, verify_video
     >>> scene, caption, spec = sample_video_for_prompt("relation_motion", rng=0)
