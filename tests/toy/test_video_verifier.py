@@ -107,6 +107,12 @@ def test_rejects_a_missing_object_and_a_wrong_mover():
     )
     check = verify_video(_video(*swapped), spec)
     assert [c["motion"] for c in check.clauses] == [False, False]
+    # the verifier checks any clauses of the grammar's words, not only its categories' forms
+    reversed_spec = {
+        **spec,
+        "include": [spec["include"][0] | {"motion": "static"}, spec["include"][1] | {"motion": "right"}],
+    }
+    assert verify_video(_video(*swapped), reversed_spec).correct
 
 
 def test_rejects_swapped_colour_motion_binding():

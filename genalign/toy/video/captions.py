@@ -178,9 +178,10 @@ def _category_error(spec: Spec) -> str | None:
     return None if ok else "needs two objects moving in different directions"
 
 
-def validate_video_spec(spec: Spec) -> None:
+def validate_video_spec(spec: Spec, form: bool = True) -> None:
     """Raise ``ValueError`` naming the value at fault when a spec uses unknown words (an unknown
-    motion, shape, colour or relation), bad indices, or breaks its category's form."""
+    motion, shape, colour or relation), bad indices, or (with ``form``) breaks its category's
+    form (:func:`_category_error`: e.g. a ``motion_binding`` spec whose objects move alike)."""
     if not isinstance(spec, dict):
         raise ValueError(f"a video spec is a dict, got {type(spec).__name__}")
     if spec.get("tag") not in VIDEO_CATEGORIES:
@@ -192,7 +193,7 @@ def validate_video_spec(spec: Spec) -> None:
         raise ValueError(f"video spec {spec.get('prompt')!r} has no include clauses")
     for index, clause in enumerate(include):
         _check_clause(clause, index, spec.get("prompt"))
-    problem = _category_error(spec)
+    problem = _category_error(spec) if form else None
     if problem:
         raise ValueError(f"{spec['tag']} spec {spec.get('prompt')!r} {problem}")
 

@@ -214,9 +214,12 @@ def _relation_frames(subject: Track, target: Track, relation: str, threshold: fl
 def check_video_spec(
     tracks: Sequence[Track], spec: Spec, num_frames: int, config: VideoVerifierConfig | None = None
 ) -> VideoSpecCheck:
-    """Check tracks of a ``num_frames``-frame video against a video spec (module docstring, step 4)."""
+    """Check tracks of a ``num_frames``-frame video against a video spec (module docstring, step 4).
+
+    The spec's words and indices are validated, not its category's form: any clauses of the
+    grammar's words can be checked (say, both objects of a ``one_moving`` spec moving)."""
     config = config or VideoVerifierConfig()
-    validate_video_spec(spec)
+    validate_video_spec(spec, form=False)
     majority = num_frames // 2 + 1
     objects = [track for track in tracks if len(set(track.frames)) >= majority]
     passed = total = 0
