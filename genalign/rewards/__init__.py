@@ -1,7 +1,7 @@
 """Rewards: the protocol, the registry and every reward model (see base.py for the contract).
 
-Importing this package registers every reward (``shapes_eval`` lazily: its module is imported
-when the reward is first loaded):
+Importing this package registers every reward (``shapes_eval`` and ``toy_video_eval`` lazily:
+their modules are imported when the reward is first loaded):
 
 =========================  ==========================================================  =====
 name                       what                                                        grad
@@ -22,6 +22,7 @@ name                       what                                                 
 ``iqa_answer``             text: Q-Hawkeye accuracy + format + repetition vs. true MOS  no
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 ``video``                  any image reward per frame; top-30% / mean / min per video  if it
+``toy_video_eval``         toy video verifier: objects, motion, relations from frames   no
 =========================  ==========================================================  =====
 """
 
@@ -65,8 +66,10 @@ from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_wor
 from genalign.rewards.vlm_yes import VLMYesReward
 
 # The toy world's verifier lives above this package (genalign.toy sits on the library); the
-# registry imports it the first time `load_reward("shapes_eval")` asks for it.
+# registry imports it the first time `load_reward("shapes_eval")` asks for it (the video verifier
+# likewise).
 REWARDS.add_lazy("shapes_eval", "genalign.toy.shapes_eval:ShapesEvalReward")
+REWARDS.add_lazy("toy_video_eval", "genalign.toy.video.reward:ToyVideoEvalReward")
 
 __all__ = [
     "REWARDS",

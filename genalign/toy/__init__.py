@@ -15,6 +15,9 @@ ShapesEval verifier (DESIGN.md, "The offline world").
 - ``generators`` / ``reward_models``: the recipes of the shipped toy models (packages with a
   ``python -m`` command line each), sharing ``training`` (loop, EMA, schedule, model cards) and
   ``conversion`` (open_clip weights in transformers' layouts); ``eval_data`` builds assets/eval.
+- ``video``: the toy video world (moving shapes, motion captions and splits, the video verifier and
+  its ``toy_video_eval`` reward, ``(frames, caption)`` training data); import it from
+  ``genalign.toy.video``.
 
     >>> from genalign.toy import sample_scene_for_prompt, render_scene, evaluate
     >>> scene, caption, spec = sample_scene_for_prompt("position", rng=0)

@@ -1,0 +1,58 @@
+"""Training data for a toy video generator: renders of train prompts with their captions.
+
+:func:`toy_video_dataset` is the video counterpart of ``genalign.toy.generators.data.toy_dataset``:
+it draws only from the pretraining ``train`` split, so ``unseen_combinations`` stays unseen and
+``rl_train`` / ``rl_heldout`` (subsets of train) lie inside the generator's distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from genalign.toy.video.captions import VIDEO_CATEGORIES
+from genalign.toy.video.prompts import sample_video_for_prompt
+from genalign.toy.video.scenes import NUM_FRAMES, VIDEO_SIZE, render_videos
+
+CHUNK = 256  # videos rendered per batch
+
+
+def toy_video_dataset(
+    num_videos: int,
+    seed: int = 0,
+    frames: int = NUM_FRAMES,
+    size: int = VIDEO_SIZE,
+    caption_noise: float = 0.0,
+    backend: str = "skia",
+) -> tuple[torch.Tensor, list[str]]:
+    """Videos and captions for training: ``(uint8 [N, frames, 3, size, size], captions)``, the
+    ``ar_video`` frame layout (``/ 255`` gives its [0, 1] floats).
+
+    Each video draws a category uniformly, then a **train** prompt of it and a video that
+    satisfies it (:func:`sample_video_for_prompt`); deterministic given ``seed``. With probability
+    ``caption_noise`` the video shows a scene drawn for *another* train prompt of the same category
+    while keeping the first prompt's caption (loose captions, as ``toy_dataset``'s): a generator
+    trained on them follows its captions only part of the time, which RL on the verifier corrects.
+    """
+    if not isinstance(num_videos, int) or num_videos < 0:
+        raise ValueError(f"num_videos must be a non-negative integer, got {num_videos!r}")
+    if not 0 <= caption_noise <= 1:
+        raise ValueError(f"caption_noise must be in [0, 1], got {caption_noise}")
+    if not isinstance(frames, int) or frames < 2:
+        raise ValueError(f"frames must be an integer >= 2, got {frames!r}")
+    rng = np.random.default_rng(seed)
+    scenes, captions = [], []
+    for _ in range(num_videos):
+        category = VIDEO_CATEGORIES[int(rng.integers(len(VIDEO_CATEGORIES)))]
+        scene, caption, _ = sample_video_for_prompt(category, rng, "train", frames)
+        if caption_noise and rng.random() < caption_noise:
+            scene = sample_video_for_prompt(category, rng, "train", frames)[0]
+        scenes.append(scene)
+        captions.append(caption)
+    if not scenes:
+        return torch.empty(0, frames, 3, size, size, dtype=torch.uint8), []
+    chunks = [
+        (render_videos(scenes[i : i + CHUNK], size, backend) * 255).round().to(torch.uint8)
+        for i in range(0, len(scenes), CHUNK)
+    ]
+    return torch.cat(chunks), captions
