@@ -51,6 +51,7 @@ from genalign.policies.language_vision import (
     pack_model_inputs,
     repeat_images,
     split_packed_inputs,
+    stored_images,
 )
 from genalign.policies.model_folder import looks_like_local_path
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
@@ -498,7 +499,7 @@ class LanguagePolicy(torch.nn.Module):
             log_probs=log_probs.float(),
             completions=completions,
             model_inputs=encoded,
-            images=_stored_images(images),
+            images=stored_images(images),
             settings=settings,
         )
 
@@ -530,10 +531,3 @@ class LanguagePolicy(torch.nn.Module):
             **pack_model_inputs(model_inputs, prompt_ids.device),
         )
         return sequences[:, prompt_ids.shape[1] :]
-
-
-def _stored_images(images: Any) -> Any:
-    """The images a trajectory keeps: a float CPU ``[B, 3, H, W]`` tensor, or a list of B images."""
-    if images is None:
-        return None
-    return images.float().cpu() if torch.is_tensor(images) else images_for_processor(images)

@@ -38,6 +38,7 @@ __all__ = [
     "pack_model_inputs",
     "repeat_images",
     "split_packed_inputs",
+    "stored_images",
 ]
 
 # packed visual inputs and the grid that says how many of their rows each image holds
@@ -142,3 +143,10 @@ def has_images(images: Sequence[torch.Tensor] | torch.Tensor | None) -> bool:
     if images is None:
         return False
     return images.numel() > 0 if torch.is_tensor(images) else len(images) > 0
+
+
+def stored_images(images: Any) -> Any:
+    """The images a trajectory keeps: a float CPU ``[B, 3, H, W]`` tensor, or a list of B images."""
+    if images is None:
+        return None
+    return images.float().cpu() if torch.is_tensor(images) else images_for_processor(images)
