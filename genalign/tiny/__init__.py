@@ -26,6 +26,7 @@ _EXPORTS = {
     "qwen2_lm": "language",
     "llava_vlm": "language",
     "qwen25_vl": "language",
+    "qwen2_vl": "language",
     "chat_tokenizer": "language",
     "clip_model": "clip",
     "open_clip_model": "clip",

@@ -24,6 +24,7 @@ def _builders() -> dict[str, Callable]:
         "qwen2": language.qwen2_lm,  # transformers folders: the language family
         "llava": language.llava_vlm,
         "qwen25_vl": language.qwen25_vl,  # Qwen2.5-VL: 3-D rotary positions, packed pixel_values
+        "qwen2_vl": language.qwen2_vl,
         "sd": diffusion.sd_pipeline,
         "sdxl": diffusion.sdxl_pipeline,
         "sd3": diffusion.sd3_pipeline,
@@ -35,7 +36,7 @@ def _builders() -> dict[str, Callable]:
     }
 
 
-LANGUAGE_MODELS = ("qwen2", "llava", "qwen25_vl")  # saved by transformers (config.json), not diffusers
+LANGUAGE_MODELS = ("qwen2", "llava", "qwen25_vl", "qwen2_vl")  # saved by transformers (config.json), not diffusers
 
 
 def _complete_marker(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The language family on the tiny Qwen2.5-VL: 3-D rotary positions computed by the model in the
+"""The language family on the tiny Qwen2.5-VL (and Qwen2-VL): 3-D rotary positions computed by the model in the
 re-scoring forward, packed ``pixel_values`` kept per sample so ``select`` slices them, images of
 different sizes in one left-padded batch, LoRA's reference, and loading from a folder."""
 
@@ -16,7 +16,7 @@ from genalign.policies.language_vision import (
     repeat_images,
     split_packed_inputs,
 )
-from genalign.tiny.language import llava_vlm, qwen2_lm, qwen25_vl
+from genalign.tiny.language import llava_vlm, qwen2_lm, qwen2_vl, qwen25_vl
 
 PROMPTS = ["a red circle", "two big blue squares to the left of a green triangle"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -28,8 +28,14 @@ def images() -> list[torch.Tensor]:
     return [torch.rand(3, 32, 32, generator=generator), torch.rand(3, 24, 40, generator=generator)]
 
 
-def vl_policy(lora: bool = True, train: bool = True) -> LanguagePolicy:
-    model, processor = qwen25_vl(seed=0)
+@pytest.fixture(params=[qwen25_vl, qwen2_vl], ids=["qwen2.5-vl", "qwen2-vl"])
+def build(request):
+    """The tiny Qwen2.5-VL or Qwen2-VL builder (same positions and packing, other vision towers)."""
+    return request.param
+
+
+def vl_policy(lora: bool = True, train: bool = True, build=qwen25_vl) -> LanguagePolicy:
+    model, processor = build(seed=0)
     spec = LoRASpec(rank=4, target_modules=TARGETS) if lora else None
     policy = LanguagePolicy(model, processor, lora=spec, train=train)
     if lora:
@@ -60,8 +66,8 @@ def test_the_tiny_model_has_multimodal_positions_and_packed_images():
     assert not (trajectory.completion_ids == image_id).any()  # placeholders are never sampled
 
 
-def test_recomputed_log_probs_equal_a_fresh_forward_exactly():
-    policy = vl_policy()
+def test_recomputed_log_probs_equal_a_fresh_forward_exactly(build):
+    policy = vl_policy(build=build)
     trajectory = rollout(policy)
     log_probs = policy.log_prob(trajectory)
     assert log_probs.requires_grad
@@ -69,10 +75,10 @@ def test_recomputed_log_probs_equal_a_fresh_forward_exactly():
     assert (trajectory.completion_mask.sum(dim=1) > 1).all()
 
 
-def test_recomputed_log_probs_are_what_generate_sampled_from(monkeypatch):
+def test_recomputed_log_probs_are_what_generate_sampled_from(monkeypatch, build):
     """The full-sequence forward's log-probs equal those of the logits ``generate`` drew each token
     from (prefill with 3-D positions and left padding, then the KV cache with rope deltas)."""
-    policy = vl_policy()
+    policy = vl_policy(build=build)
     seen = []
     draw = language.gumbel_max_tokens
 
@@ -88,10 +94,10 @@ def test_recomputed_log_probs_are_what_generate_sampled_from(monkeypatch):
     torch.testing.assert_close(trajectory.log_probs, sampled, atol=2e-5, rtol=0)
 
 
-def test_one_dimensional_positions_would_give_other_log_probs():
+def test_one_dimensional_positions_would_give_other_log_probs(build):
     """Guards the bug: re-scoring with the plain LMs' ``cumsum(mask) - 1`` positions (each image
     token one position) is not what the model sampled from."""
-    policy = vl_policy()
+    policy = vl_policy(build=build)
     trajectory = rollout(policy)
     policy.multimodal_positions = False  # as if detected as a plain LM: 1-D positions
     with torch.no_grad():
@@ -99,8 +105,8 @@ def test_one_dimensional_positions_would_give_other_log_probs():
     assert (wrong - trajectory.log_probs).abs().max().item() > 1e-3
 
 
-def test_select_slices_the_packed_images_with_their_rows():
-    policy = vl_policy()
+def test_select_slices_the_packed_images_with_their_rows(build):
+    policy = vl_policy(build=build)
     trajectory = rollout(policy)
     rows = [3, 0]
     sub = trajectory.select(rows)
@@ -115,8 +121,8 @@ def test_select_slices_the_packed_images_with_their_rows():
         torch.testing.assert_close(policy.log_prob(one), trajectory.log_probs[[2]], atol=1e-6, rtol=0)
 
 
-def test_a_sample_is_the_same_alone_as_in_a_batch_of_two_image_sizes():
-    policy = vl_policy(lora=False, train=False)
+def test_a_sample_is_the_same_alone_as_in_a_batch_of_two_image_sizes(build):
+    policy = vl_policy(lora=False, train=False, build=build)
     seeds = torch.tensor([11, 12])
     both = policy.rollout(PROMPTS, seeds=seeds, images=images(), max_new_tokens=10)
     for b, prompt in enumerate(PROMPTS):
@@ -153,7 +159,9 @@ def test_a_gradient_step_reaches_the_vision_tower_under_full_fine_tuning():
 
 def test_text_only_prompts_use_real_token_positions():
     """Without images the model would count positions over padding; the policy passes the real-
-    token positions, as ``generate`` uses, so the ratio is 1 and padding changes nothing."""
+    token positions, as ``generate`` uses (with 1-D rotary positions a per-row shift changes
+    nothing but rounding, so the helper's choice is checked directly), the ratio is 1 and padding
+    changes nothing."""
     policy = vl_policy(lora=False, train=False)
     seeds = torch.tensor([5, 6])
     both = policy.rollout(PROMPTS, seeds=seeds, max_new_tokens=8)
@@ -185,6 +193,7 @@ def test_loads_from_a_tiny_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path))
     policy = load_policy("language", "tiny:qwen25_vl", lora=None, train=False)
     assert policy.multimodal_positions and type(policy.model).__name__.startswith("Qwen2_5_VL")
+    assert load_policy("language", "tiny:qwen2_vl", lora=None, train=False).multimodal_positions
     built = LanguagePolicy(*qwen25_vl(seed=0), lora=None, train=False)
     trajectory = rollout(policy)
     with torch.no_grad():

@@ -178,3 +178,42 @@ def test_sft_loss_equals_a_per_pair_computation_without_padding():
             count += 1
     assert int(info["target_tokens"]) == count
     assert loss.item() == pytest.approx(total / count, abs=1e-5)
+
+
+def test_a_qwen25_vl_rewriter_runs_promptrl_text_only(tmp_path):
+    """PromptRL's rewriter is UniRL's Qwen2.5-VL-3B, shown no image: the joint toy recipe with the
+    tiny Qwen2.5-VL as rewriter starts on-policy for both models and trains a step."""
+    recipe = ROOT / "configs" / "toy" / "promptrl.yaml"
+    overrides = [
+        f"logging.run_dir={tmp_path}/run",
+        "model.path=tiny:sd",
+        "rewriter.path=tiny:qwen25_vl",
+        "reward.name=jpeg_compressibility",
+        "prompts.file=null",
+        "prompts.prompts=[a red circle, a blue square, a green triangle]",
+        "sampling.num_inference_steps=4",
+        "sampling.num_sde_steps=2",
+        "sampling.guidance_scale=3.0",
+        "sampling.language.max_new_tokens=6",
+        "train.num_steps=1",
+        "train.prompts_per_step=1",
+        "train.group_size=4",
+        "train.minibatch_size=4",
+        "logging.progress=false",
+        "logging.checkpoint_every=0",
+    ]
+    trainer = build_trainer(load_recipe(recipe, overrides), base_dir=recipe.parent)
+    rewriter = trainer.policy["rewriter"]
+    assert rewriter.multimodal_positions and rewriter.is_vlm
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    steps = torch.zeros(batch.trajectory.batch_size, dtype=torch.long)
+    _, info = trainer.loss(trainer.policy, batch.trajectory, steps, batch.advantages)
+    assert info["rewriter_ratio"].item() == 1.0 and info["generator_ratio"].item() == 1.0
+    history = trainer.train()
+    assert math.isfinite(history[0]["grad_norm"])
+
+
+@pytest.mark.parametrize("folder", ["flux", "sd35"])
+def test_the_promptrl_recipes_use_unirls_qwen25_vl_rewriter(folder):
+    config = load_recipe(ROOT / "configs" / folder / "promptrl_geneval.yaml")
+    assert config.rewriter.path == "Qwen/Qwen2.5-VL-3B-Instruct"
