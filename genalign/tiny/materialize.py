@@ -36,7 +36,8 @@ def _builders() -> dict[str, Callable]:
     }
 
 
-LANGUAGE_MODELS = ("qwen2", "llava", "qwen25_vl", "qwen2_vl")  # saved by transformers (config.json), not diffusers
+# saved by transformers (config.json), not diffusers
+LANGUAGE_MODELS = ("qwen2", "llava", "qwen25_vl", "qwen2_vl")
 
 
 def _complete_marker(name: str) -> str:

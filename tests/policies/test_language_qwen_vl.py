@@ -198,3 +198,30 @@ def test_loads_from_a_tiny_folder(tmp_path, monkeypatch):
     trajectory = rollout(policy)
     with torch.no_grad():
         assert torch.equal(built.log_prob(trajectory), trajectory.log_probs)
+
+
+def test_the_builders_are_seeded_round_trip_and_name_a_bad_version(build, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    rng_before = torch.get_rng_state()
+    (first, processor), (again, _), (other, _) = build(seed=0, save_to=tmp_path), build(seed=0), build(seed=1)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    state, state_again, state_other = first.state_dict(), again.state_dict(), other.state_dict()
+    assert all(torch.equal(state[k], state_again[k]) for k in state)
+    assert any(not torch.equal(state[k], state_other[k]) for k in state)
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path)
+    assert type(loaded) is type(first) and all(
+        torch.equal(v, state[k]) for k, v in loaded.state_dict().items()
+    )
+    reloaded = AutoProcessor.from_pretrained(tmp_path)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a red circle"}]}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    kwargs = {"text": [text], "images": [images()[1]], "return_tensors": "pt", "do_rescale": False}
+    built, back = processor(**kwargs), reloaded(**kwargs)
+    assert built["image_grid_thw"].tolist() == [[1, 6, 10]]
+    assert all(torch.equal(built[k], back[k]) for k in built)
+    with pytest.raises(ValueError, match="version must be '2' or '2.5', got '3'"):
+        qwen25_vl(version="3")

@@ -140,6 +140,10 @@ def test_sft_step_on_the_tiny_qwen25_vl(tmp_path):
     assert math.isfinite(history[0]["sft_loss"]) and history[0]["sft_loss"] > 0
     after = trained(trainer)
     assert any(not torch.equal(before[n], after[n]) for n in before)
+    reloaded = LanguagePolicy.from_pretrained(trainer.run_dir / "final", lora=None, train=False)
+    assert reloaded.multimodal_positions  # the saved folder is a Qwen2.5-VL with its processor
+    saved = dict(reloaded.model.named_parameters())
+    assert all(torch.equal(saved[name], value) for name, value in after.items())
 
 
 def test_sft_loss_equals_a_per_pair_computation_without_padding():
