@@ -357,7 +357,10 @@ class LanguagePolicy(torch.nn.Module):
         return texts
 
     def encode_prompts(
-        self, prompts: Sequence[str], settings: TokenSettings, images: torch.Tensor | None = None
+        self,
+        prompts: Sequence[str],
+        settings: TokenSettings,
+        images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Tokenize left-padded: ``input_ids`` / ``attention_mask`` ``[B, P]`` and, for a VLM given
         ``images`` ``[B, 3, H, W]`` (or B ``[3, H, W]`` tensors) in [0, 1], its processor's image
@@ -443,7 +446,7 @@ class LanguagePolicy(torch.nn.Module):
         max_new_tokens: int = 64,
         chat_template: bool = True,
         system_prompt: str | None = None,
-        images: torch.Tensor | None = None,
+        images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     ) -> TokenTrajectory:
         """Sample ``group_size`` completions for each prompt with per-sample seeds.
 

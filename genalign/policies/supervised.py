@@ -31,7 +31,7 @@ def teacher_forced_trajectory(
     policy: LanguagePolicy,
     prompts: Sequence[str],
     targets: Sequence[str],
-    images: torch.Tensor | None = None,
+    images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     settings: TokenSettings | None = None,
 ) -> TokenTrajectory:
     """The B (prompt, target) pairs as a :class:`TokenTrajectory` with zero ``log_probs``.
