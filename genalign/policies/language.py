@@ -11,7 +11,9 @@ UniRL code recompute them the same way, ``_get_per_token_logps``).
 Prompts are padded on the left. Every forward gets the attention mask and position ids counted
 over real tokens only (``cumsum(mask) - 1``), so a prompt's log-probs do not depend on how much
 padding its batch needed (UniRL's GenEval trainer runs this forward without an attention mask;
-``docs/fidelity.md``).
+``docs/fidelity.md``). Models with multimodal rotary positions (Qwen2-VL, Qwen2.5-VL) compute
+their own 3-D positions from the attention mask and image grids instead, and their packed
+``pixel_values`` are kept per sample (:mod:`genalign.policies.language_vision`).
 
 Sampling is temperature sampling with one ``torch.Generator`` per sample: at each new token the
 sample draws Gumbel noise of the vocabulary's size from its own generator and takes
@@ -40,6 +42,17 @@ from typing import Any
 import torch
 
 from genalign.policies.base import LoRASpec
+from genalign.policies.language_vision import (
+    forward_position_inputs,
+    has_images,
+    has_multimodal_positions,
+    images_for_processor,
+    inputs_to_device,
+    pack_model_inputs,
+    repeat_images,
+    split_packed_inputs,
+    stored_images,
+)
 from genalign.policies.model_folder import looks_like_local_path
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
@@ -157,6 +170,7 @@ class LanguagePolicy(torch.nn.Module):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.multimodal_positions = has_multimodal_positions(model)  # Qwen2-VL's 3-D rotary positions
         # a VLM's image / video placeholders: never sampled, never scored (suppress_tokens)
         names = ("image_token_id", "image_token_index", "video_token_id")
         placeholders = {getattr(model.config, name, None) for name in names} - {None}
@@ -343,40 +357,48 @@ class LanguagePolicy(torch.nn.Module):
         return texts
 
     def encode_prompts(
-        self, prompts: Sequence[str], settings: TokenSettings, images: torch.Tensor | None = None
+        self,
+        prompts: Sequence[str],
+        settings: TokenSettings,
+        images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Tokenize left-padded: ``input_ids`` / ``attention_mask`` ``[B, P]`` and, for a VLM given
-        ``images`` ``[B, 3, H, W]`` in [0, 1], its processor's ``pixel_values``."""
-        with_image = images is not None and images.numel() > 0
+        ``images`` ``[B, 3, H, W]`` (or B ``[3, H, W]`` tensors) in [0, 1], its processor's image
+        inputs, per sample (packed ``pixel_values`` as a list of B tensors)."""
+        with_image = has_images(images)
         if with_image and not self.is_vlm:
             raise ValueError("images were given, but the policy is a text-only language model")
         texts = self.render_prompts(prompts, settings, with_image)
         if with_image:
             encoded = self.processor(
                 text=texts,
-                images=list(images.float().cpu()),
+                images=images_for_processor(images),
                 padding=True,
                 return_tensors="pt",
                 do_rescale=False,
             )
+            encoded = split_packed_inputs(dict(encoded), len(texts))
         else:
             encoded = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-        return {name: value.to(self.device) for name, value in encoded.items()}
+        return inputs_to_device(encoded, self.device)
 
     # ---- log-probs -----------------------------------------------------------------------------
     def _completion_logits(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int, model_inputs: dict
     ) -> torch.Tensor:
         """Logits ``[B, L, V]`` (fp32) predicting the last ``length`` tokens of ``input_ids``, with
-        position ids counted over real tokens so left padding changes nothing."""
-        position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+        position ids counted over real tokens so left padding changes nothing (a model with
+        multimodal positions computes its own: :func:`forward_position_inputs`)."""
+        model_inputs = pack_model_inputs(model_inputs, input_ids.device)
+        positions = forward_position_inputs(
+            self.multimodal_positions, input_ids, attention_mask, model_inputs
+        )
         kwargs = {"logits_to_keep": length + 1} if self._keeps_logits else {}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids,
             use_cache=False,
-            **model_inputs,
+            **(model_inputs | positions),
             **kwargs,
         )
         return out.logits[:, -(length + 1) : -1].float()  # (B, L, V)
@@ -409,7 +431,7 @@ class LanguagePolicy(torch.nn.Module):
             trajectory.attention_mask.to(self.device),
             trajectory.completion_mask.to(self.device),
             trajectory.settings.temperature,
-            {k: v.to(self.device) for k, v in trajectory.model_inputs.items()},
+            pack_model_inputs(trajectory.model_inputs, self.device),
         )
 
     # ---- rollout -------------------------------------------------------------------------------
@@ -424,7 +446,7 @@ class LanguagePolicy(torch.nn.Module):
         max_new_tokens: int = 64,
         chat_template: bool = True,
         system_prompt: str | None = None,
-        images: torch.Tensor | None = None,
+        images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     ) -> TokenTrajectory:
         """Sample ``group_size`` completions for each prompt with per-sample seeds.
 
@@ -437,7 +459,8 @@ class LanguagePolicy(torch.nn.Module):
             temperature: ``T`` of ``softmax(logits / T)``; sampling and recorded log-probs both use it.
             max_new_tokens: the completion budget; a completion ends at its first EOS token.
             chat_template / system_prompt: render each prompt as a chat turn (module docstring).
-            images: for a VLM, one image per prompt ``[P, 3, H, W]`` in [0, 1] (shared by its group).
+            images: for a VLM, one image per prompt in [0, 1] (shared by its group): ``[P, 3, H, W]``,
+                or P ``[3, H, W]`` tensors of any sizes (for a processor that keeps each size).
 
         Returns:
             A :class:`TokenTrajectory`; its ``log_probs`` are recomputed by a forward pass at
@@ -452,9 +475,7 @@ class LanguagePolicy(torch.nn.Module):
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
         seeds, generators = per_sample_generators(batch, generator, self.device, seeds)
-        if images is not None and images.shape[0] != len(prompts):
-            raise ValueError(f"images holds {images.shape[0]} images for {len(prompts)} prompts")
-        images = images.repeat_interleave(group_size, dim=0) if images is not None else None
+        images = repeat_images(images, len(prompts), group_size)
         # 1. Encode the prompts, left-padded
         encoded = self.encode_prompts(expanded, settings, images)
         prompt_ids, prompt_mask = encoded.pop("input_ids"), encoded.pop("attention_mask")
@@ -481,7 +502,7 @@ class LanguagePolicy(torch.nn.Module):
             log_probs=log_probs.float(),
             completions=completions,
             model_inputs=encoded,
-            images=images.float().cpu() if images is not None else None,
+            images=stored_images(images),
             settings=settings,
         )
 
@@ -510,6 +531,6 @@ class LanguagePolicy(torch.nn.Module):
             logits_processor=LogitsProcessorList(
                 [_SeededSampler(generators, settings.temperature, self.suppressed_token_ids)]
             ),
-            **model_inputs,
+            **pack_model_inputs(model_inputs, prompt_ids.device),
         )
         return sequences[:, prompt_ids.shape[1] :]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from genalign.policies.language_vision import stored_images
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def teacher_forced_trajectory(
     policy: LanguagePolicy,
     prompts: Sequence[str],
     targets: Sequence[str],
-    images: torch.Tensor | None = None,
+    images: torch.Tensor | Sequence[torch.Tensor] | None = None,
     settings: TokenSettings | None = None,
 ) -> TokenTrajectory:
     """The B (prompt, target) pairs as a :class:`TokenTrajectory` with zero ``log_probs``.
@@ -38,7 +39,8 @@ def teacher_forced_trajectory(
     Args:
         policy: the language policy whose tokenizer / processor and chat template are used.
         prompts, targets: B prompts and the B texts the policy should answer them with.
-        images: for a VLM, one image per prompt ``[B, 3, H, W]`` in [0, 1].
+        images: for a VLM, one image per prompt in [0, 1]: ``[B, 3, H, W]``, or B ``[3, H, W]``
+            tensors of any sizes.
         settings: the prompt rendering (``chat_template``, ``system_prompt``) and the temperature
             of re-scoring (1 for a maximum-likelihood loss); ``max_new_tokens`` is set to L.
 
@@ -73,6 +75,6 @@ def teacher_forced_trajectory(
         log_probs=torch.zeros(len(rows), length),
         completions=[str(t) for t in targets],
         model_inputs=encoded,
-        images=images.float().cpu() if images is not None else None,
+        images=stored_images(images),
         settings=settings,
     )

@@ -54,8 +54,10 @@ class TokenTrajectory:
             weights it was sampled with, recomputed by a forward pass (0 where the mask is 0).
         completions: the B decoded completions (special tokens removed), what a text reward scores.
         model_inputs: further per-sample forward inputs, each ``[B, ...]`` (a VLM's
-            ``pixel_values``).
-        images: ``[B, 3, H, W]`` the images a VLM was shown, in [0, 1], or ``[B, 0]`` when none.
+            ``pixel_values``) or a list of B per-sample tensors (a Qwen-VL's packed
+            ``pixel_values``, split by ``image_grid_thw``; concatenated again for a forward).
+        images: ``[B, 3, H, W]`` the images a VLM was shown, in [0, 1] (a list of B ``[3, H, W]``
+            when they were given so, sizes may differ), or ``[B, 0]`` when none.
         settings: the :class:`TokenSettings` used.
         extras: anything a strategy attaches.
     """
@@ -68,8 +70,8 @@ class TokenTrajectory:
     completion_mask: torch.Tensor
     log_probs: torch.Tensor
     completions: list[str]
-    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    images: torch.Tensor | None = None
+    model_inputs: dict[str, Any] = field(default_factory=dict)
+    images: Any = None
     settings: TokenSettings = field(default_factory=TokenSettings)
     extras: dict[str, Any] = field(default_factory=dict)
 

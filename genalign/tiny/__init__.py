@@ -25,6 +25,8 @@ _EXPORTS = {
     "gemma_tokenizer": "diffusion",
     "qwen2_lm": "language",
     "llava_vlm": "language",
+    "qwen25_vl": "language",
+    "qwen2_vl": "language",
     "chat_tokenizer": "language",
     "clip_model": "clip",
     "open_clip_model": "clip",

@@ -4,8 +4,12 @@
   chat template: the stand-in for prompt rewriters and SVG writers.
 * :func:`llava_vlm` — a ``LlavaForConditionalGeneration`` (CLIP vision tower, two-layer
   projector, Qwen2 language model) with a ``LlavaProcessor``: the stand-in for VLM judges.
+* :func:`qwen25_vl` — a ``Qwen2_5_VLForConditionalGeneration`` (windowed vision tower, 2 x 2 patch
+  merger, Qwen2.5 LM with 3-D multimodal rotary positions) with a ``Qwen2_5_VLProcessor``
+  (packed ``pixel_values``, each image at its own size): the stand-in for Qwen2.5-VL recipes;
+  :func:`qwen2_vl` the same for Qwen2-VL.
 
-Both tokenizers pad on the left, so batched ``generate`` works as is, and both models carry a
+All tokenizers pad on the left, so batched ``generate`` works as is, and all models carry a
 generation config whose end-of-sequence ids are ``<|im_end|>`` and ``<|endoftext|>``, so chat
 generation stops at the end of the assistant's turn. Weights are random and seeded (the global
 torch RNG is left as it was); ``save_to`` writes model and tokenizer/processor into one folder
@@ -34,7 +38,7 @@ from transformers import (
 
 from genalign.tiny.tokenizers import QWEN_STYLE_CHAT_TEMPLATE, train_bpe_tokenizer
 
-__all__ = ["chat_tokenizer", "llava_vlm", "qwen2_config", "qwen2_lm"]
+__all__ = ["chat_tokenizer", "llava_vlm", "qwen25_vl", "qwen2_config", "qwen2_lm", "qwen2_vl"]
 
 IMAGE_TOKEN = "<image>"
 VISION_PATCH_SIZE = 8
@@ -194,3 +198,116 @@ def llava_vlm(
         model.save_pretrained(save_to)
         processor.save_pretrained(save_to)
     return model, processor
+
+
+QWEN_VL_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_VL_PATCH_SIZE = 4  # Qwen2.5-VL's is 14
+QWEN_VL_MERGE_SIZE = 2
+QWEN_VL_CHAT_TEMPLATE = QWEN_STYLE_CHAT_TEMPLATE.replace(
+    "{{ '<image>' }}", "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+)
+
+
+def qwen_vl_processor(
+    tokenizer: Qwen2Tokenizer, min_pixels: int, max_pixels: int, version: str = "2.5"
+) -> Any:
+    """Qwen2.5-VL's (``version`` "2": Qwen2-VL's) processor built offline: ``Qwen2VLImageProcessor``
+    (resize to multiples of ``patch * merge`` px within ``[min_pixels, max_pixels]``, CLIP's
+    normalisation, packed ``pixel_values`` ``[sum of patches, 3 * 2 * patch**2]`` with
+    ``image_grid_thw``), the chat tokenizer with Qwen's vision tokens, and a template rendering an
+    image as ``<|vision_start|><|image_pad|><|vision_end|>``."""
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    sizes = {
+        "min_pixels": min_pixels,
+        "max_pixels": max_pixels,
+        "patch_size": QWEN_VL_PATCH_SIZE,
+        "temporal_patch_size": 2,
+        "merge_size": QWEN_VL_MERGE_SIZE,
+        "image_mean": CLIP_IMAGE_MEAN,
+        "image_std": CLIP_IMAGE_STD,
+    }
+    processor = Qwen2_5_VLProcessor if version == "2.5" else Qwen2VLProcessor
+    return processor(
+        image_processor=Qwen2VLImageProcessor(**sizes),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(**sizes),  # required by the processor, unused here
+        chat_template=QWEN_VL_CHAT_TEMPLATE,
+    )
+
+
+def _qwen_vl_vision_config(version: str) -> dict[str, Any]:
+    """A 2-block, 32-wide vision tower with patch 4 and a 2 x 2 merge, in each version's keys."""
+    shared = {
+        "depth": 2,
+        "num_heads": 4,
+        "patch_size": QWEN_VL_PATCH_SIZE,
+        "spatial_merge_size": QWEN_VL_MERGE_SIZE,
+        "temporal_patch_size": 2,
+    }
+    if version == "2":  # Qwen2-VL: full attention, hidden_size is the merger's output (the LM's)
+        return shared | {"embed_dim": 32, "hidden_size": 32, "mlp_ratio": 2}
+    return shared | {  # Qwen2.5-VL: window attention in block 0, full attention in block 1
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "window_size": 4 * QWEN_VL_PATCH_SIZE * QWEN_VL_MERGE_SIZE,
+        "out_hidden_size": 32,
+        "fullatt_block_indexes": [1],
+    }
+
+
+def qwen25_vl(
+    seed: int = 0, save_to: str | Path | None = None, version: str = "2.5"
+) -> tuple[PreTrainedModel, Any]:
+    """A tiny ``Qwen2_5_VLForConditionalGeneration`` and its ``Qwen2_5_VLProcessor`` (``version``
+    "2": a ``Qwen2VLForConditionalGeneration`` and ``Qwen2VLProcessor``, see :func:`qwen2_vl`).
+
+    The vision tower (2 blocks, hidden 32, patch 4, 2 x 2 merge; Qwen2.5-VL's with window
+    attention in block 0) feeds a 2-layer, 32-wide Qwen2 LM with multimodal rotary positions
+    (``mrope_section`` [2, 1, 1] of the head's 8 dimensions), so position ids are 3-D (temporal,
+    height, width) and an image of ``H x W`` px (resized to multiples of 8 within 64 to 4096 px)
+    becomes ``(H / 8) * (W / 8)`` tokens: images of different sizes give different
+    ``image_grid_thw``. The tokenizer is :func:`chat_tokenizer` plus Qwen's vision tokens.
+    """
+    if version not in ("2", "2.5"):
+        raise ValueError(f"version must be '2' or '2.5', got {version!r}")
+    import transformers
+
+    prefix = "Qwen2_5_VL" if version == "2.5" else "Qwen2VL"
+    tokenizer = chat_tokenizer()
+    tokenizer.add_tokens(list(QWEN_VL_VISION_TOKENS), special_tokens=True)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_VL_VISION_TOKENS}
+    text = qwen2_config(tokenizer).to_dict()
+    text.update(rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}, rope_theta=10000.0)
+    for key in ("model_type", "architectures", "transformers_version", "rope_parameters"):
+        text.pop(key, None)
+    config = getattr(transformers, f"{prefix}Config")(
+        text_config=text,
+        vision_config=_qwen_vl_vision_config(version),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
+    set_chat_generation_defaults(model, tokenizer)
+    model.eval()
+    processor = qwen_vl_processor(tokenizer, min_pixels=64, max_pixels=64 * 64, version=version)
+    if save_to is not None:
+        model.save_pretrained(save_to)
+        processor.save_pretrained(save_to)
+    return model, processor
+
+
+def qwen2_vl(seed: int = 0, save_to: str | Path | None = None) -> tuple[PreTrainedModel, Any]:
+    """A tiny ``Qwen2VLForConditionalGeneration`` (Qwen2-VL: the same 3-D positions and packed
+    images as :func:`qwen25_vl`, a vision tower without window attention) and its processor."""
+    return qwen25_vl(seed=seed, save_to=save_to, version="2")

@@ -1,7 +1,7 @@
 """``tiny:NAME`` model paths: build a tiny model once, save it, and load it like any folder.
 
 Recipes under ``configs/tiny/`` name models as ``tiny:sd``, ``tiny:flux`` ... (``tiny:qwen2`` and
-``tiny:llava`` are the language family's transformers folders). The first use
+``tiny:llava`` and ``tiny:qwen25_vl`` are the language family's transformers folders). The first use
 builds the model with its :mod:`genalign.tiny` builder (seed 0), saves it with
 ``save_pretrained`` into a cache folder (keyed by a hash of the builders' source, so an edited
 builder never serves a stale model), and every use then loads that folder through the same
@@ -23,6 +23,8 @@ def _builders() -> dict[str, Callable]:
     return {
         "qwen2": language.qwen2_lm,  # transformers folders: the language family
         "llava": language.llava_vlm,
+        "qwen25_vl": language.qwen25_vl,  # Qwen2.5-VL: 3-D rotary positions, packed pixel_values
+        "qwen2_vl": language.qwen2_vl,
         "sd": diffusion.sd_pipeline,
         "sdxl": diffusion.sdxl_pipeline,
         "sd3": diffusion.sd3_pipeline,
@@ -34,7 +36,8 @@ def _builders() -> dict[str, Callable]:
     }
 
 
-LANGUAGE_MODELS = ("qwen2", "llava")  # saved by transformers (config.json), not diffusers
+# saved by transformers (config.json), not diffusers
+LANGUAGE_MODELS = ("qwen2", "llava", "qwen25_vl", "qwen2_vl")
 
 
 def _complete_marker(name: str) -> str:

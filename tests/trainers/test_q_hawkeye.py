@@ -238,7 +238,7 @@ def test_the_koniq_recipe_loads_with_the_official_settings():
         0.2,
         False,
     )
-    assert "3-D" in KONIQ.read_text().split("name:")[0]  # the header says Qwen2.5-VL cannot run yet
+    assert "tiny:qwen25_vl" in KONIQ.read_text().split("name:")[0]  # the header says how it runs tiny
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
