@@ -1,0 +1,120 @@
+"""Does `svg_fidelity` rank an SVG writer's samples the way the verifier does? (issue #25)
+
+RL with group advantages only sees the reward's ranking *within* a group of completions for one
+input. This script draws ``--group`` completions per toy scene from a writer at RL's sampling
+temperature (RLRF's 1.1), scores each with the RL recipe's ``svg_fidelity`` (every term) and
+renders it for ShapesEval (the verifier; never a reward), then reports, per term:
+
+* the within-group AUC against the verifier: P(a correct sample's term > a wrong one's) over the
+  groups holding both (0.5: the term carries no signal about correctness; GRPO then pushes the
+  policy in directions the verifier does not care about);
+* the mean within-group std (the signal's scale, the unit group advantages divide by) and the
+  fraction of groups with both a correct and a wrong sample (where the verifier has anything to
+  say).
+
+    python benchmarks/svg_reward_ranking.py --model assets/models/toy-svg-writer --scenes 96 --group 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_reward_ranking import within_prompt_auc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TERMS = ("score", "image", "edge", "semantic", "length")
+
+
+def ranking_rows(
+    model: str, scenes: int, group: int, temperature: float, seed: int, split: str
+) -> list[dict]:
+    """One row per completion: scene id, category, verifier verdict and every reward term."""
+    from genalign.toy.svg_eval import (
+        SVGEvalSet,
+        default_reward,
+        load_svg_writer,
+        score_svgs,
+        svg_eval_set,
+        write_svgs,
+    )
+
+    base = svg_eval_set(scenes, seed=seed, split=split)
+    index = [i for i in range(len(base)) for _ in range(group)]
+    repeated = SVGEvalSet(
+        [base.prompts[i] for i in index],
+        base.images[index],
+        [base.reference_svgs[i] for i in index],
+        [base.specs[i] for i in index],
+        base.task,
+    )
+    svgs = write_svgs(load_svg_writer(model), repeated, temperature=temperature, seed=seed)
+    measures = score_svgs(svgs, repeated, default_reward())
+    rows = []
+    for k, scene in enumerate(index):
+        row = {"prompt": f"scene-{scene}", "category": measures["category"][k]}
+        row["correct"] = bool(measures["shapes_eval"][k])
+        row |= {term: measures[term][k] for term in TERMS if term in measures}
+        rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict[str, dict]:
+    """Per term: the within-group AUC against the verifier (overall and per category) and the mean
+    within-group std; and how many groups are mixed (both a correct and a wrong sample)."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["prompt"], []).append(row)
+    mixed = sum(len({r["correct"] for r in g}) == 2 for g in groups.values())
+    out: dict[str, dict] = {
+        "groups": {
+            "all": len(groups),
+            "mixed": mixed,
+            "verifier": statistics.fmean(r["correct"] for r in rows),
+        }
+    }
+    for term in TERMS:
+        if term not in rows[0]:
+            continue
+        table = within_prompt_auc(rows, term)
+        weights = [(a, n) for a, n in table.values()]
+        total = sum(n for _, n in weights)
+        out[term] = {
+            "auc": sum(a * n for a, n in weights) / total if total else None,
+            "auc_per_category": {c: round(a, 3) for c, (a, _) in table.items()},
+            "within_group_std": statistics.fmean(
+                statistics.pstdev(r[term] for r in g) for g in groups.values()
+            ),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(ROOT / "assets/models/toy-svg-writer"))
+    parser.add_argument("--scenes", type=int, default=96, help="scenes (the split's categories in turn)")
+    parser.add_argument("--group", type=int, default=8, help="completions per scene (the RL recipe's group)")
+    parser.add_argument("--temperature", type=float, default=1.1, help="RLRF's sampling temperature")
+    parser.add_argument("--split", default="rl_train")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="also write the per-sample rows here (JSON)")
+    args = parser.parse_args(argv)
+    if args.scenes <= 0 or args.group < 2:
+        parser.error("--scenes must be positive and --group at least 2")
+    torch.set_num_threads(args.threads)
+    rows = ranking_rows(args.model, args.scenes, args.group, args.temperature, args.seed, args.split)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")
+    print(json.dumps(summarise(rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

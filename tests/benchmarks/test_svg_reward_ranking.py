@@ -1,0 +1,64 @@
+"""benchmarks/svg_reward_ranking.py: the within-group AUC and spread per reward term, and a small run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "svg_reward_ranking", ROOT / "benchmarks" / "svg_reward_ranking.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(prompt, correct, score, length, category="colors"):
+    return {"prompt": prompt, "category": category, "correct": correct, "score": score, "length": length}
+
+
+def test_summary_counts_mixed_groups_and_ranks_each_term_within_them():
+    bench = load_benchmark()
+    rows = [
+        _row("a", True, 0.9, 0.1),
+        _row("a", False, 0.2, 0.5),
+        _row("a", False, 0.4, 0.5),
+        _row("b", False, 0.3, 0.2),  # no correct sample: b says nothing about ranking
+        _row("b", False, 0.1, 0.4),
+    ]
+    summary = bench.summarise(rows)
+    assert summary["groups"] == {"all": 2, "mixed": 1, "verifier": pytest.approx(0.2)}
+    assert summary["score"]["auc"] == pytest.approx(1.0)  # the correct sample beats both wrong ones
+    assert summary["length"]["auc"] == pytest.approx(0.0)  # and loses to both on length
+    # mean over groups of the population std: a: pstdev(0.9, 0.2, 0.4), b: pstdev(0.3, 0.1) = 0.1
+    import statistics
+
+    expected = (statistics.pstdev([0.9, 0.2, 0.4]) + 0.1) / 2
+    assert summary["score"]["within_group_std"] == pytest.approx(expected)
+    assert "image" not in summary  # terms the rows lack are left out
+
+
+def test_runs_on_the_shipped_svg_writer(tmp_path, capsys):
+    pytest.importorskip("open_clip")
+    writer = ROOT / "assets" / "models" / "toy-svg-writer"
+    if not writer.is_dir():
+        pytest.fail(f"{writer} is missing: the toy SVG writer ships with the repository")
+    bench = load_benchmark()
+    out = tmp_path / "rows.json"
+    assert bench.main(["--scenes", "6", "--group", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 12 and {r["prompt"] for r in rows} == {f"scene-{i}" for i in range(6)}
+    assert all(set(bench.TERMS) <= set(r) for r in rows)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["groups"]["all"] == 6 and 0.0 <= printed["groups"]["verifier"] <= 1.0
+    with pytest.raises(SystemExit):
+        bench.main(["--group", "1"])
