@@ -9,7 +9,8 @@ advantage for both policies) and they differ only by ``train.prompt_rewrite.trai
 - ``generator-only``: ``generator``, the rewriter frozen: GRPO of the generator alone (PPO-clip
   1e-4, KL 0.01) on the frozen rewriter's rewrites. The paper's "flow-only" baseline trains a flow
   model; here the generator is toy-sd (the sd family, DDIM eta 1 for the SDE steps), because
-  toy-flow passes ShapesEval on ~1% of its samples and cannot draw the shapes;
+  the toy-flow of the time passed ShapesEval on ~1% of its samples (the retrained one, 39.8% on
+  train prompts, is not compared yet);
 - ``lm-only``: ``rewriter``, the generator frozen (and sampled by ODE during training, UniRL's
   prompt-only trainer).
 
