@@ -92,6 +92,23 @@ class SpecCheck:
         return self.passed / self.total if self.total else 0.0
 
 
+class CheckTally:
+    """The atomic checks of one spec as they run: how many ran and passed, and why the failed ones
+    failed (shared by the image and the video verifier)."""
+
+    def __init__(self) -> None:
+        self.passed = self.total = 0
+        self.reasons: list[str] = []
+
+    def record(self, ok: bool, reason: str) -> bool:
+        """Count one check; keep ``reason`` when it failed; return ``ok``."""
+        self.total += 1
+        self.passed += ok
+        if not ok:
+            self.reasons.append(reason)
+        return ok
+
+
 def check_spec(
     objects: Sequence[Any], spec: Spec, position_threshold: float = POSITION_THRESHOLD
 ) -> SpecCheck:
@@ -101,17 +118,9 @@ def check_spec(
     ``scenes.SceneObject`` both have them; boxes in any one unit). Rules as GenEval's
     ``evaluate`` (Ghosh et al. 2023), with existence in place of "the most confident objects".
     """
-    passed = total = 0
-    reasons: list[str] = []
+    tally = CheckTally()
+    record = tally.record
     matched_groups: list[list[Any] | None] = []
-
-    def record(ok: bool, reason: str) -> bool:
-        nonlocal passed, total
-        total += 1
-        passed += ok
-        if not ok:
-            reasons.append(reason)
-        return ok
 
     for clause in spec["include"]:
         shape, count, colour = clause["class"], clause["count"], clause.get("color")
@@ -150,7 +159,7 @@ def check_spec(
         present = [obj for obj in objects if obj.shape == shape and (colour is None or obj.colour == colour)]
         name = f"{colour} {shape}" if colour else shape
         record(len(present) < count, f"expected {name}<{count}, found {len(present)}")
-    return SpecCheck(correct=passed == total, passed=passed, total=total, reasons=reasons)
+    return SpecCheck(tally.passed == tally.total, tally.passed, tally.total, tally.reasons)
 
 
 # -- evaluation --------------------------------------------------------------------------------------

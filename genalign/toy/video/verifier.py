@@ -43,6 +43,7 @@ import torch
 from genalign.toy.captions import Spec
 from genalign.toy.detection import ShapesEvalConfig, detect_objects
 from genalign.toy.scenes import relative_position
+from genalign.toy.shapes_eval import CheckTally, SpecCheck
 from genalign.toy.video.captions import VIDEO_CATEGORIES, validate_video_spec
 from genalign.toy.video.scenes import VideoScene
 
@@ -185,21 +186,13 @@ def scene_tracks(scene: VideoScene, config: VideoVerifierConfig | None = None) -
 
 
 @dataclass
-class VideoSpecCheck:
-    """The verdict on one video: ``correct`` when every check passed; ``passed`` of ``total``
-    atomic checks; ``reasons`` say what failed; ``clauses[i]`` holds clause i's results
-    (``present``, ``colour``, ``motion``, ``position``: True / False, or None when not asked)
-    and ``motions`` (the motions read for the clause's shape and colour)."""
+class VideoSpecCheck(SpecCheck):
+    """The verdict on one video (:class:`~genalign.toy.shapes_eval.SpecCheck`'s fields) and
+    ``clauses[i]``, clause i's results (``present``, ``colour``, ``motion``, ``position``: True /
+    False, or None when not asked) and ``motions`` (the motions read for the clause's shape and
+    colour)."""
 
-    correct: bool
-    passed: int
-    total: int
-    reasons: list[str]
-    clauses: list[dict[str, Any]]
-
-    @property
-    def fraction(self) -> float:
-        return self.passed / self.total if self.total else 0.0
+    clauses: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _relation_frames(subject: Track, target: Track, relation: str, threshold: float) -> int:
@@ -222,18 +215,10 @@ def check_video_spec(
     validate_video_spec(spec, form=False)
     majority = num_frames // 2 + 1
     objects = [track for track in tracks if len(set(track.frames)) >= majority]
-    passed = total = 0
-    reasons: list[str] = []
+    tally = CheckTally()
+    record = tally.record
     clauses: list[dict[str, Any]] = []
     matched_groups: list[list[Track]] = []
-
-    def record(ok: bool, reason: str) -> bool:
-        nonlocal passed, total
-        total += 1
-        passed += ok
-        if not ok:
-            reasons.append(reason)
-        return ok
 
     for clause in spec["include"]:
         shape, colour, motion = clause["class"], clause.get("color"), clause.get("motion")
@@ -268,7 +253,7 @@ def check_video_spec(
             candidates = candidates if ok else []
         matched_groups.append(candidates)
         clauses.append(result)
-    return VideoSpecCheck(passed == total, passed, total, reasons, clauses)
+    return VideoSpecCheck(tally.passed == tally.total, tally.passed, tally.total, tally.reasons, clauses)
 
 
 def verify_video(
