@@ -206,20 +206,30 @@ def evaluate(
                 "objects": [obj.to_dict() for obj in objects],
             }
         )
-    per_category = {}
-    counts = {}
-    for category in CATEGORIES:
-        results = [s["correct"] for s in per_sample if s["category"] == category]
-        if results:
-            per_category[category] = float(np.mean(results))
-            counts[category] = len(results)
+    overall, per_category, counts = category_accuracy(per_sample, CATEGORIES)
     return {
-        "overall": float(np.mean(list(per_category.values()))) if per_category else 0.0,
+        "overall": overall,
         "image_accuracy": float(np.mean([s["correct"] for s in per_sample])) if per_sample else 0.0,
         "per_category": per_category,
         "counts": counts,
         "per_sample": per_sample,
     }
+
+
+def category_accuracy(
+    per_sample: Sequence[dict[str, Any]], categories: Sequence[str]
+) -> tuple[float, dict[str, float], dict[str, int]]:
+    """GenEval's aggregate of per-sample verdicts (``correct``, ``category``): each category's
+    accuracy and count, over the categories present, and their unweighted mean (``overall``)."""
+    per_category: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for category in categories:
+        results = [s["correct"] for s in per_sample if s["category"] == category]
+        if results:
+            per_category[category] = float(np.mean(results))
+            counts[category] = len(results)
+    overall = float(np.mean(list(per_category.values()))) if per_category else 0.0
+    return overall, per_category, counts
 
 
 # -- reward ------------------------------------------------------------------------------------------

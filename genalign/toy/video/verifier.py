@@ -43,7 +43,7 @@ import torch
 from genalign.toy.captions import Spec
 from genalign.toy.detection import ShapesEvalConfig, detect_objects
 from genalign.toy.scenes import relative_position
-from genalign.toy.shapes_eval import CheckTally, SpecCheck
+from genalign.toy.shapes_eval import CheckTally, SpecCheck, category_accuracy
 from genalign.toy.video.captions import VIDEO_CATEGORIES, validate_video_spec
 from genalign.toy.video.scenes import VideoScene
 
@@ -294,14 +294,9 @@ def evaluate_videos(
                 "tracks": [track.to_dict() for track in tracks],
             }
         )
-    per_category, counts = {}, {}
-    for category in VIDEO_CATEGORIES:
-        results = [s["correct"] for s in per_sample if s["category"] == category]
-        if results:
-            per_category[category] = float(np.mean(results))
-            counts[category] = len(results)
+    overall, per_category, counts = category_accuracy(per_sample, VIDEO_CATEGORIES)
     return {
-        "overall": float(np.mean(list(per_category.values()))) if per_category else 0.0,
+        "overall": overall,
         "video_accuracy": float(np.mean([s["correct"] for s in per_sample])) if per_sample else 0.0,
         "mean_fraction": float(np.mean([s["fraction"] for s in per_sample])) if per_sample else 0.0,
         "per_category": per_category,
