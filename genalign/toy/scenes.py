@@ -93,12 +93,18 @@ class SceneObject:
         if self.shape == "square":
             side = 2 * half
             return f'<rect x="{x - half:.2f}" y="{y - half:.2f}" width="{side:.2f}" height="{side:.2f}" fill="{fill}"/>'
-        if self.shape == "triangle":
-            corners = [(x, y - half), (x + half, y + half), (x - half, y + half)]
-        else:  # diamond
-            corners = [(x, y - half), (x + half, y), (x, y + half), (x - half, y)]
-        points = " ".join(f"{px:.2f},{py:.2f}" for px, py in corners)
+        points = " ".join(f"{px:.2f},{py:.2f}" for px, py in polygon_corners(self.shape, x, y, half))
         return f'<polygon points="{points}" fill="{fill}"/>'
+
+
+def polygon_corners(shape: str, x: float, y: float, half: float) -> list[tuple[float, float]]:
+    """The corners of a ``"triangle"`` (apex up) or ``"diamond"`` centred at ``(x, y)`` whose
+    bounding box has half-side ``half``, in SVG order."""
+    if shape == "triangle":
+        return [(x, y - half), (x + half, y + half), (x - half, y + half)]
+    if shape == "diamond":
+        return [(x, y - half), (x + half, y), (x, y + half), (x - half, y)]
+    raise ValueError(f"{shape!r} is not a polygon shape (triangle, diamond)")
 
 
 @dataclass(frozen=True)

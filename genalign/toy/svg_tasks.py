@@ -36,7 +36,7 @@ import torch
 
 from genalign.toy.captions import CATEGORIES
 from genalign.toy.prompts import prompts_for, sample_scene_for_prompt
-from genalign.toy.scenes import PALETTE, Scene, SceneObject, hex_colour
+from genalign.toy.scenes import PALETTE, Scene, SceneObject, hex_colour, polygon_corners
 from genalign.trainers.prompt_pool import PromptPool
 
 __all__ = [
@@ -60,11 +60,7 @@ def _compact_element(obj: SceneObject, canvas: int) -> str:
     if obj.shape == "square":
         side = max(1, round(2 * half))
         return f'<rect x="{round(x - half)}" y="{round(y - half)}" width="{side}" height="{side}" fill="{fill}"/>'
-    if obj.shape == "triangle":
-        corners = [(x, y - half), (x + half, y + half), (x - half, y + half)]
-    else:  # diamond
-        corners = [(x, y - half), (x + half, y), (x, y + half), (x - half, y)]
-    points = " ".join(f"{round(px)},{round(py)}" for px, py in corners)
+    points = " ".join(f"{round(px)},{round(py)}" for px, py in polygon_corners(obj.shape, x, y, half))
     return f'<polygon points="{points}" fill="{fill}"/>'
 
 
