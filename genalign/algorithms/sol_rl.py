@@ -57,7 +57,7 @@ def ranking_fidelity(preview: torch.Tensor, final: torch.Tensor, top_k: int) -> 
 
     taus, rhos, hits = [], [], []
     for p, f in zip(preview.double().numpy(), final.double().numpy()):
-        if len(p) >= 2:
+        if len(p) >= 2 and p.min() < p.max() and f.min() < f.max():  # all tied: undefined, left out
             tau = stats.kendalltau(p, f).statistic
             rho = stats.spearmanr(p, f).statistic
             if math.isfinite(tau):

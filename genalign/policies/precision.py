@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,7 +246,11 @@ def quantize_denoiser(
 
         model = model.float()
         qconfig = dict.fromkeys(selected, per_channel_dynamic_qconfig)
-        model = quantize_dynamic(model, qconfig_spec=qconfig, dtype=torch.qint8)
+        with warnings.catch_warnings():
+            # torch >= 2.10 deprecates its quantised tensor types; nothing a user can change here.
+            # The path works until torch removes them; torchao's int8 is the successor.
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            model = quantize_dynamic(model, qconfig_spec=qconfig, dtype=torch.qint8)
         report = PrecisionReport(precision, "torch.ao.int8_dynamic", False, torch.float32, selected, skipped)
     elif precision_used == "nvfp4_simulated":
         selected, skipped = select_linear_layers(model, skip_modules, min_dim, block=NVFP4_BLOCK)

@@ -4,6 +4,7 @@ initial noise, config checks, and every recipe loading."""
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,16 @@ def test_ranking_fidelity_equals_a_hand_computation():
     assert out["spearman_rho"] == pytest.approx((0.8 - 1) / 2)
     assert out["top_k_hit_rate"] == pytest.approx(0.5)
     assert ranking_fidelity(preview[:1], final[:1], top_k=1)["top_k_hit_rate"] == 0.0
+
+
+def test_ranking_fidelity_leaves_out_tied_prompts_without_a_warning():
+    preview = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.5]])  # row 2: every preview tied
+    final = torch.tensor([[1.0, 2.0, 4.0, 3.0], [4.0, 3.0, 2.0, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy warns on a constant input; it must not be called
+        out = ranking_fidelity(preview, final, top_k=2)
+    assert out["kendall_tau"] == pytest.approx(4 / 6)  # row 1 alone
+    assert out["spearman_rho"] == pytest.approx(0.8)
 
 
 def test_config_errors_name_the_key():
