@@ -72,18 +72,40 @@ def quality_renders(
     return torch.stack(images), mos, records
 
 
-def judge_answers(images: torch.Tensor, teacher: str, batch_size: int = 32) -> list[str]:
-    """``<think>The quality of the image is WORD</think><answer>S</answer>`` per image: ``S`` the
-    ``iqa`` reward's Q-Align expected rating by the VLM ``teacher`` (a folder or hub id), ``WORD``
-    its nearest level word. The think is Q-Align's own answer prefix, after which toy-vlm already
-    reads quality off the image."""
+def judge_answers(
+    images: torch.Tensor,
+    teacher: str,
+    batch_size: int = 32,
+    samples: int = 0,
+    answer: str = "expected",
+    seed: int = 0,
+) -> list[list[str]]:
+    """Per image, the warm start's targets ``<think>The quality of the image is WORD</think>
+    <answer>S</answer>`` from the VLM ``teacher`` (a folder or hub id) read as a Q-Align judge (the
+    ``iqa`` reward): the think is Q-Align's own answer prefix, after which toy-vlm already reads
+    quality off the image. ``samples`` 0: one target, ``WORD`` the level nearest to the teacher's
+    expected rating E; N > 0: N targets, each ``WORD`` drawn from the teacher's rating-word
+    distribution (seeded by ``seed``), so that the targets carry the distribution, not its mode.
+    ``answer``: ``"expected"`` writes E with two decimals, ``"word"`` the level of ``WORD``
+    (``4.00``)."""
     from genalign.rewards import load_reward
 
-    reward = load_reward("iqa", model=teacher, preset="qalign", batch_size=batch_size).eval()
+    if answer not in ("expected", "word"):
+        raise ValueError(f"answer must be 'expected' or 'word', got {answer!r}")
+    options = {"num_samples": samples, "seed": seed} if samples > 0 else {}
+    reward = load_reward("iqa", model=teacher, preset="qalign", batch_size=batch_size, **options).eval()
     with torch.no_grad():
-        scores = reward(images, [""] * len(images)).scores.float().cpu().tolist()
-    words = [LEVEL_WORDS[min(5, max(1, round(s)))] for s in scores]
-    return [f"<think>{TOY_THINK} {w}</think><answer>{s:.2f}</answer>" for w, s in zip(words, scores)]
+        out = reward(images, [""] * len(images))
+    expected = out.scores.float().cpu()  # (N,)
+    levels = out.details["samples"].cpu() if samples > 0 else expected.round().clamp(1, 5)[:, None]  # (N, K)
+    targets = []
+    for score, drawn in zip(expected.tolist(), levels.tolist()):
+        words = [LEVEL_WORDS[int(level)] for level in drawn]
+        values = [score] * len(drawn) if answer == "expected" else [float(level) for level in drawn]
+        targets.append(
+            [f"<think>{TOY_THINK} {w}</think><answer>{v:.2f}</answer>" for w, v in zip(words, values)]
+        )
+    return targets
 
 
 def toy_quality_pool(
@@ -94,14 +116,25 @@ def toy_quality_pool(
     degradation_seed: int = 0,
     kinds: Sequence[str] = DEGRADATION_KINDS,
     teacher: str | None = None,
+    teacher_samples: int = 0,
+    teacher_answer: str = "expected",
 ) -> PromptPool:
     """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
     ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
-    ``degradation_seed``; with ``teacher``, SFT targets in ``completions`` (:func:`judge_answers`)."""
+    ``degradation_seed``; with ``teacher``, SFT targets in ``completions`` (:func:`judge_answers`
+    with ``samples=teacher_samples``, ``answer=teacher_answer``; N > 0 samples repeat each image
+    N times, one target each)."""
     images, mos, records = quality_renders(split, scenes, seed)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
     if teacher is not None:
-        columns["completions"] = judge_answers(images, teacher)
+        targets = judge_answers(images, teacher, samples=teacher_samples, answer=teacher_answer, seed=seed)
+        copies = len(targets[0])
+        images = images.repeat_interleave(copies, dim=0)
+        mos = [m for m in mos for _ in range(copies)]
+        columns = {
+            "category": [c for c in columns["category"] for _ in range(copies)],
+            "completions": [t for row in targets for t in row],
+        }
     return quality_pool_of(images, mos, prompt, degradation_seed, tuple(kinds), **columns)
 
 

@@ -62,12 +62,37 @@ def test_warm_start_targets_are_the_teachers_own_rating_in_the_answer_format():
     images, _, _ = quality_renders("train", scenes=1, seed=0)
     picked = images[[0, 3, 7]]  # clean, blur level 3, jpeg level 3
     answers = judge_answers(picked, str(TOY_VLM))
+    assert all(len(row) == 1 for row in answers)
     teacher = load_reward("iqa", model=str(TOY_VLM), preset="qalign")(picked, None).scores
-    for answer, score in zip(answers, teacher.tolist()):
+    for (answer,), score in zip(answers, teacher.tolist()):
         assert format_reward(answer) == 0.8
         assert parse_answer_score(answer) == pytest.approx(score, abs=0.005 + 1e-6)
         word = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}[min(5, max(1, round(score)))]
         assert answer.startswith(f"<think>The quality of the image is {word}</think><answer>")
+
+
+def test_sampled_warm_start_targets_follow_the_teachers_word_distribution():
+    images, _, _ = quality_renders("train", scenes=1, seed=0)
+    picked = images[[0, 3]]  # clean, blur level 3
+    words = {"excellent": 5.0, "good": 4.0, "fair": 3.0, "poor": 2.0, "bad": 1.0}
+    answers = judge_answers(picked, str(TOY_VLM), samples=64, answer="word", seed=1)
+    assert [len(row) for row in answers] == [64, 64]
+    assert answers == judge_answers(picked, str(TOY_VLM), samples=64, answer="word", seed=1)
+    teacher = load_reward("iqa", model=str(TOY_VLM), preset="qalign")(picked, None).scores
+    for row, score in zip(answers, teacher.tolist()):
+        levels = []
+        for answer in row:
+            word = answer.split("is ")[1].split("</think>")[0]
+            assert format_reward(answer) == 0.8 and parse_answer_score(answer) == words[word]
+            levels.append(words[word])
+        assert sum(levels) / len(levels) == pytest.approx(score, abs=0.35)  # 64 draws of the expectation
+    expected = judge_answers(picked, str(TOY_VLM), samples=3, answer="expected")
+    assert {parse_answer_score(a) for a in expected[0]} == {round(teacher[0].item(), 2)}
+    pool = toy_quality_pool("train", scenes=1, teacher=str(TOY_VLM), teacher_samples=3)
+    assert len(pool) == 36 and len(pool.metadata["completions"]) == 36
+    torch.testing.assert_close(pool.metadata["images"][0], pool.metadata["images"][2])
+    with pytest.raises(ValueError, match="answer must be"):
+        judge_answers(picked, str(TOY_VLM), answer="mode")
 
 
 def test_the_held_out_files_give_eval_reward_the_original_above_degraded_rate(tmp_path):

@@ -1,0 +1,104 @@
+"""A toy IQA judge on the held-out quality set: SRCC / PLCC against MOS and original-above-degraded.
+
+The numbers ``genalign eval-reward`` gives with ``--task mos`` (SRCC, raw PLCC) and ``--task
+preference --tie-threshold 0`` (skip-ties accuracy: the original scored above its Q-Hawkeye degraded
+copy, a tie counting a half) on the files of ``python -m genalign.toy.quality`` (docs/language.md,
+section 7), in one process: ``pairs.jsonl``'s originals are ``mos.jsonl``'s images, so each image is
+scored once. Also the fraction of completions whose ``<answer>`` parses (answer judges). 95%
+percentile bootstrap intervals, 1000 resamples, seed 0, as eval-reward::
+
+    python -m genalign.toy.quality --split heldout --scenes 24 --out runs/toy-quality-heldout
+    python benchmarks/q_hawkeye_judge.py runs/toy-q-hawkeye/final --samples 0 4
+    python benchmarks/q_hawkeye_judge.py assets/models/toy-vlm          # a Q-Align judge
+
+``--samples 0`` is the greedy answer (the iqa reward's default), N > 0 the mean of N seeded samples
+at ``--temperature``. One JSON line per setting goes to ``--log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from genalign.rewards import load_reward  # noqa: E402
+from genalign.rewards.evaluation import metrics  # noqa: E402
+from genalign.rewards.evaluation.data import load_image_tensor  # noqa: E402
+
+
+def load_set(folder: Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """``(originals [N, 3, H, W], degraded copies [N, 3, H, W], mos [N])`` of a quality set."""
+    rows = [json.loads(line) for line in (folder / "mos.jsonl").read_text().splitlines() if line]
+    pairs = {
+        p["image_0"]: p["image_1"] for p in map(json.loads, (folder / "pairs.jsonl").read_text().splitlines())
+    }
+    originals = torch.stack([load_image_tensor(r["image"], folder) for r in rows])
+    degraded = torch.stack([load_image_tensor(pairs[r["image"]], folder) for r in rows])
+    return originals, degraded, np.array([r["mos"] for r in rows], dtype=float)
+
+
+def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, float]:
+    """Scores ``[N]`` and the parsed fraction (NaN for a Q-Align judge)."""
+    scores, parsed = [], []
+    with torch.no_grad():
+        for start in range(0, len(images), batch_size):
+            out = reward(images[start : start + batch_size], [""] * len(images[start : start + batch_size]))
+            scores.append(out.scores.float().cpu())
+            if "answer_parsed" in out.details:
+                parsed.append(out.details["answer_parsed"].float().cpu())
+    parsed_rate = float(torch.cat(parsed).mean()) if parsed else float("nan")
+    return torch.cat(scores).numpy(), parsed_rate
+
+
+def summary(original: np.ndarray, degraded: np.ndarray, mos: np.ndarray) -> dict[str, list[float]]:
+    """``{name: [value, low, high]}`` for srcc, plcc and the original-above-degraded rate."""
+    point = metrics.mos_correlations(original, mos, fit=False)
+    intervals = metrics.bootstrap_intervals(
+        lambda index: metrics.mos_correlations(original[index], mos[index], fit=False), len(mos)
+    )
+    credit = metrics.preference_credit(original, degraded, np.zeros(len(mos)), policy="skip-ties")
+    out = {name: [point[name], *intervals[name]] for name in ("srcc", "plcc")}
+    out["original_above_degraded"] = [float(np.nanmean(credit)), *metrics.mean_interval(credit)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="a judge folder (a q_hawkeye run's final/) or a Q-Align VLM")
+    parser.add_argument("--data", default=str(ROOT / "runs/toy-quality-heldout"))
+    parser.add_argument("--samples", type=int, nargs="+", default=[0], help="0: greedy; N: N samples")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=48)
+    parser.add_argument("--label", default=None, help="name in the log (default: the model path)")
+    parser.add_argument("--log", default=str(ROOT / "runs/q_hawkeye_judges.jsonl"))
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    originals, degraded, mos = load_set(Path(args.data))
+    answer = (Path(args.model) / "iqa_judge.json").is_file()
+    for samples in args.samples if answer else [0]:
+        start = time.perf_counter()
+        options = (
+            {"num_samples": samples, "seed": 0, "sample_temperature": args.temperature} if samples else {}
+        )
+        reward = load_reward("iqa", model=args.model, batch_size=args.batch_size, **options).eval()
+        s_original, parsed = score(reward, originals, args.batch_size)
+        s_degraded, _ = score(reward, degraded, args.batch_size)
+        row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
+        row.update(summary(s_original, s_degraded, mos), parsed=parsed, seconds=time.perf_counter() - start)
+        with open(args.log, "a", encoding="utf-8") as log:
+            log.write(json.dumps(row) + "\n")
+        cells = [f"{k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in row.items() if isinstance(v, list)]
+        print(f"{row['judge']} samples={samples}: " + "; ".join(cells) + f"; parsed {parsed:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
