@@ -83,6 +83,15 @@ def test_length_reward_by_hand():
     assert torch.allclose(length_reward(lengths, reference), torch.tensor([1.0, 1.0, 0.75, 0.0, -1.0]))
 
 
+def test_one_sided_length_reward_by_hand():
+    reference = torch.tensor([100.0] * 6)
+    lengths = torch.tensor([30.0, 100.0, 110.0, 120.0, 160.0, 400.0])
+    # margin 0.1: 1 - (max(0, L - 110) / 100)^2 -> 1, 1, 1, 1 - 0.01, 1 - 0.25, 1 - 8.41 (clipped to -1)
+    expected = torch.tensor([1.0, 1.0, 1.0, 0.99, 0.75, -7.41])
+    assert torch.allclose(length_reward(lengths, reference, low=None, free_fraction=1.1), expected)
+    assert torch.allclose(length_reward(lengths, reference, free_fraction=1.1), expected.clamp_min(-1.0))
+
+
 def test_canny_finds_the_outline_of_a_square():
     image = torch.ones(1, 3, 32, 32)
     image[:, :, 8:24, 8:24] = torch.tensor([1.0, 1.0, 0.0]).view(
@@ -223,6 +232,20 @@ def test_length_term_and_reference_rendering(pool, target):
     assert out.scores[0] == pytest.approx((1 + 1 + 0.75) / 3) and out.scores[1] < out.scores[0]
     by_count = reward([TARGET_SVG], reference_lengths=[len(TARGET_SVG) * 2], reference_svgs=[TARGET_SVG])
     assert by_count.details["length"][0] == pytest.approx(1.0)  # reference_lengths override
+
+
+def test_length_margin_option(pool, target):
+    pad = len(TARGET_SVG) * 2 // 5  # a comment of 0.4 L_ref - 7 characters: the SVG is ~1.4 L_ref
+    long_svg = TARGET_SVG.replace("<circle", "<!--" + "x" * (pad - 7) + "--><circle")
+    reward = load_reward("svg_fidelity", pool=pool, render_size=(SIZE, SIZE), length_margin=0.2)
+    out = reward([TARGET_SVG, long_svg], reference_svgs=[TARGET_SVG, TARGET_SVG])
+    ratio = len(long_svg) / len(TARGET_SVG)
+    assert 1.3 < ratio < 1.5
+    # the paper's term pays 0.75 at the reference's length; with the margin, 1 (free up to 1.2 L_ref)
+    assert out.details["length"].tolist() == pytest.approx([1.0, 1 - (ratio - 1.2) ** 2])
+    assert "length_margin=0.2" in repr(reward)
+    with pytest.raises(ValueError, match="length_margin"):
+        SVGFidelityReward(pool=pool, length_margin=-0.1)
 
 
 def test_argument_checks(pool, target):

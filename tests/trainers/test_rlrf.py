@@ -99,8 +99,9 @@ def test_the_reference_svg_scores_its_maximum_and_bad_svg_gets_the_floor_and_is_
     monkeypatch.setattr(trainer.policy, "rollout", rollout)
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     rewards = batch.rewards.cpu()
-    # image and edge terms 1; the length term is 0.75 at L = L_ref (RLRF's form: free up to L_ref / 2)
-    assert rewards[:2].tolist() == pytest.approx([(1 + 1 + 0.75) / 3] * 2, abs=1e-5)
+    # image and edge terms 1; the recipe's one-sided length term (length_margin 0.1) is 1 at
+    # L = L_ref (RLRF's own form, free only up to L_ref / 2, would give 0.75 and a score of 2.75 / 3)
+    assert rewards[:2].tolist() == pytest.approx([1.0] * 2, abs=1e-5)
     assert rewards[2:].tolist() == [-1.0] * 6  # the floor
     assert batch.details["svg_missing"] == 1 and batch.details["svg_invalid"] == 6
     assert batch.details["svg_repaired"] == 1 and batch.details["svg_valid_fraction"] == pytest.approx(0.25)
@@ -129,6 +130,7 @@ def test_text_to_svg_on_the_tiny_lm(tmp_path):
         tmp_path,
         *SMALL,
         "model.path=tiny:qwen2",
+        "model.frozen=[]",  # the recipe freezes a VLM's vision tower; an LM has none
         "train.svg.task=text_to_svg",
         "prompts.source_kwargs.task=text_to_svg",
         "train.num_steps=1",

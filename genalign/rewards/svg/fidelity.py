@@ -21,7 +21,10 @@ image ``I``; with ``Î`` the render, the reward is a weighted combination of:
   is clipped at ``min_reward`` (default -1) so that every term lives in [-1, 1]
   (``clip_length=False`` restores the paper's form). Lengths are characters by default; pass
   ``length_fn`` (e.g. a tokenizer's token count, as in the paper) to change the unit. Off unless
-  ``reference_svgs`` or ``reference_lengths`` are given.
+  ``reference_svgs`` or ``reference_lengths`` are given. ``length_margin=m`` (not in the paper)
+  moves the free zone up to ``(1 + m) L_ref``: ``R_len = 1 - ((1/L_ref) max(0, L - (1+m) L_ref))²``,
+  so only SVGs longer than the reference by more than the margin are penalised and shortening
+  below the reference earns nothing (the paper's term pays 0.25 for halving a reference-length SVG).
 
 The score is ``Σ w_k R_k / Σ w_k`` over the active terms (the paper's weighted sum, normalised
 so that scores stay in [-1, 1]). An SVG that is rejected by the sanitiser, does not render, times
@@ -165,11 +168,19 @@ def edge_map(images: torch.Tensor, low: float = 0.04, high: float = 0.1) -> torc
 
 
 def length_reward(
-    lengths: torch.Tensor, reference_lengths: torch.Tensor, low: float | None = -1.0
+    lengths: torch.Tensor,
+    reference_lengths: torch.Tensor,
+    low: float | None = -1.0,
+    free_fraction: float = 0.5,
 ) -> torch.Tensor:
-    """RLRF Sec. 3.2 length reward ``1 - ((1/L_ref) max(0, L - L_ref/2))²``, clipped below at ``low``."""
+    """RLRF Sec. 3.2 length reward ``1 - ((1/L_ref) max(0, L - f L_ref))²``, clipped below at ``low``.
+
+    ``lengths``, ``reference_lengths``: ``[B]``. ``f = free_fraction`` is the length, as a fraction
+    of the reference, below which the reward is 1: the paper's 1/2; ``1 + margin`` for the
+    one-sided, margin-based variant (only SVGs longer than the reference by the margin lose).
+    """
     lengths, reference = lengths.double(), reference_lengths.double().clamp_min(1.0)
-    excess = (lengths - reference / 2).clamp_min(0.0)
+    excess = (lengths - free_fraction * reference).clamp_min(0.0)
     reward = 1.0 - (excess / reference) ** 2
     return (reward if low is None else reward.clamp_min(low)).float()
 
@@ -228,6 +239,9 @@ class SVGFidelityReward(Reward):
         render_size: ``(H, W)`` for rendering ``reference_svgs`` when no ``targets`` are given.
         length_fn: SVG text -> length (default: characters; pass a token counter for tokens).
         clip_length: clip the length reward below at ``min_reward`` (the paper does not).
+        length_margin: None for the paper's length term (free up to half the reference); a
+            margin m >= 0 makes it one-sided: free up to ``(1 + m)`` times the reference length,
+            so shortening an SVG below the reference is never rewarded (not in the paper).
         min_reward: the value of every term, and of the score, for an SVG that fails.
         edge_thresholds: Canny ``(low, high)`` hysteresis thresholds on gradient magnitude.
 
@@ -253,6 +267,7 @@ class SVGFidelityReward(Reward):
         render_size: tuple[int, int] = (224, 224),
         length_fn: Callable[[str], int] = len,
         clip_length: bool = True,
+        length_margin: float | None = None,
         min_reward: float = -1.0,
         edge_thresholds: tuple[float, float] = (0.04, 0.1),
         strict: bool = False,
@@ -274,6 +289,8 @@ class SVGFidelityReward(Reward):
             raise ValueError(
                 "svg_fidelity needs a positive weight on 'image', 'edge' or 'semantic' (with an embedder)"
             )
+        if length_margin is not None and not (math.isfinite(length_margin) and length_margin >= 0):
+            raise ValueError(f"svg_fidelity length_margin must be None or >= 0, got {length_margin}")
         if not -1.0 <= min_reward <= 0.0:
             raise ValueError(f"min_reward must be in [-1, 0], got {min_reward}")
         low, high = edge_thresholds
@@ -286,6 +303,7 @@ class SVGFidelityReward(Reward):
         self.render_size = tuple(render_size)
         self.length_fn = length_fn
         self.clip_length = clip_length
+        self.length_margin = None if length_margin is None else float(length_margin)
         self.min_reward = float(min_reward)
         self.edge_thresholds = (float(low), float(high))
 
@@ -384,9 +402,9 @@ class SVGFidelityReward(Reward):
             raw["length_ratio"] = (lengths / reference).float().to(device)
             raw["length_ratio"][~ok] = math.nan
             if "length" in active:
-                value = length_reward(lengths, reference, low=floor if self.clip_length else None).to(
-                    device
-                )  # (B,)
+                free = 0.5 if self.length_margin is None else 1.0 + self.length_margin
+                low = floor if self.clip_length else None
+                value = length_reward(lengths, reference, low=low, free_fraction=free).to(device)  # (B,)
                 terms["length"][ok_index] = value[ok_index]
 
         # 3. weighted average of the active terms (RLRF's weighted sum, normalised)
@@ -408,4 +426,5 @@ class SVGFidelityReward(Reward):
         return RewardOutput(scores.float(), details)
 
     def extra_repr(self) -> str:
-        return f"weights={self.weights}, backend={self.backend!r}, min_reward={self.min_reward}"
+        margin = "" if self.length_margin is None else f", length_margin={self.length_margin}"
+        return f"weights={self.weights}, backend={self.backend!r}, min_reward={self.min_reward}{margin}"
