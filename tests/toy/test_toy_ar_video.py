@@ -57,7 +57,7 @@ def test_the_training_decode_equals_the_pipelines_decode(small_pipeline):
     videos = torch.rand(2, 3, 8, 48, 48) * 2 - 1
     with torch.no_grad():
         mean, std = encode_frames(vae, videos)
-        assert mean.shape == (2, 4, 8, 6, 6) and (std > 0).all()
+        assert mean.shape == (2, 4, 8, 12, 12) and (std > 0).all()
         # frame t's latent depends on frame t only
         changed = videos.clone()
         changed[:, :, 5] = 0
@@ -85,7 +85,7 @@ def test_diffusion_forcing_keeps_a_clean_prefix_and_one_level_per_block():
 def test_a_training_step_lowers_the_loss_on_a_fixed_batch(small_pipeline):
     transformer = small_pipeline.transformer
     state = {k: v.clone() for k, v in transformer.state_dict().items()}
-    latents = torch.randn(4, 4, 8, 6, 6)
+    latents = torch.randn(4, 4, 8, 12, 12)
     embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"] * 2)
     assert embeds.shape == (4, 16, 64)
 
@@ -144,3 +144,21 @@ def test_the_shipped_model_reproduces_its_cards_subset_score():
     )
     assert result["overall"] == pytest.approx(subset["overall"], abs=1e-6)
     assert card["size_mb"] < 8
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="toy-ar-video is not shipped in this checkout")
+def test_the_toy_astrolabe_recipe_runs_a_step_with_the_verifier_as_monitor(tmp_path):
+    from genalign.cli import main
+
+    recipe = ROOT / "configs" / "toy" / "astrolabe_video.yaml"
+    overrides = [
+        "train.num_steps=1",
+        "train.prompts_per_step=1",
+        "train.group_size=4",
+        "train.minibatch_size=4",
+    ]
+    assert main(["train", str(recipe), f"logging.run_dir={tmp_path}/run", *overrides]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["samples"] == 4 and row["param_change"] > 0
+    assert 0.0 <= row["monitor_toy_video_eval"] <= 1.0

@@ -2,9 +2,10 @@
 video world (issue #26), the ``ar_video`` family's layout at toy size.
 
 - :func:`video_tokenizer`: the toy ``CLIPTokenizer`` over the video grammar's words (each one token);
-- :func:`build_video_vae`: a small ``AutoencoderKLWan`` without temporal compression, 8x spatial
-  (48 px frames -> 6 x 6 x 16 latents; 8 frames -> 8 latent frames);
-- :func:`build_video_transformer`: a small block-causal ``SkyReelsV2Transformer3DModel``;
+- :func:`build_video_vae`: a small ``AutoencoderKLWan`` without temporal compression, 4x spatial
+  (48 px frames -> 12 x 12 x 8 latents; 8 frames -> 8 latent frames);
+- :func:`build_video_transformer`: a small block-causal ``SkyReelsV2Transformer3DModel`` whose
+  4 x 4 latent patches make a frame 9 tokens (a video 72);
 - :func:`train_video_vae`: the autoencoder trained on toy video frames.
 
 The transformer's recipe (diffusion forcing on these latents) is
@@ -39,8 +40,8 @@ from genalign.toy.video.scenes import render_videos
 from genalign.toy.video.verifier import evaluate_videos
 
 VIDEO_TOKEN_LENGTH = 16  # the longest video caption: 11 words and a comma, + BOS + EOS = 14 tokens
-VAE_DIM_MULT = (1, 2, 4, 4)  # three 2x spatial downsamplings: 48 px -> 6 x 6
-VAE_Z_DIM = 16
+VAE_DIM_MULT = (1, 2, 2)  # two 2x spatial downsamplings: 48 px -> 12 x 12
+VAE_Z_DIM = 8
 VIDEO_KL_WEIGHT = 1e-6  # Stable Diffusion's autoencoder KL weight, as the image VAE's
 WHITE = 0.9  # in [-1, 1]: a pixel with a channel below it is part of a shape (the background is 1)
 
@@ -81,15 +82,17 @@ def build_video_transformer(
     num_layers: int = 4,
     head_dim: int = 32,
     block_size: int = 2,
+    patch: int = 4,
 ):
-    """A small block-causal ``SkyReelsV2Transformer3DModel``: patches of 1 x 2 x 2 latents (a 6 x 6
-    latent frame is 9 tokens), ``width / head_dim`` heads, blocks of ``block_size`` latent frames."""
+    """A small block-causal ``SkyReelsV2Transformer3DModel``: patches of 1 x ``patch`` x ``patch``
+    latents (a 12 x 12 latent frame is 9 tokens), ``width / head_dim`` heads, blocks of
+    ``block_size`` latent frames."""
     from diffusers import SkyReelsV2Transformer3DModel
 
     if width % head_dim:
         raise ValueError(f"width {width} must be a multiple of head_dim {head_dim}")
     return SkyReelsV2Transformer3DModel(
-        patch_size=(1, 2, 2),
+        patch_size=(1, patch, patch),
         num_attention_heads=width // head_dim,
         attention_head_dim=head_dim,
         in_channels=latent_channels,
@@ -203,8 +206,8 @@ def train_video_vae(
     small KL term: the Stable Diffusion autoencoder objective of Rombach et al. 2022, Sec. 3.1,
     without perceptual and adversarial terms, which flat shapes on white do not need; pixels of
     shapes weigh ``foreground_weight`` times the white background's). Each step
-    encodes every frame of ``batch_size`` videos, cropped to a random ``crop`` x ``crop`` window at
-    multiples of 8 px (the latent grid), and decodes them causally in time (module docstring).
+    encodes every frame of ``batch_size`` videos, cropped to a random ``crop`` x ``crop`` window on
+    the latent grid, and decodes them causally in time (module docstring).
 
     Then sets the latent normalisation (:func:`set_latent_statistics`) and measures the
     reconstruction error and the verifier's accuracy on reconstructions
@@ -217,7 +220,7 @@ def train_video_vae(
     start = time.time()
     videos, _ = toy_video_dataset(num_videos, seed=seed)
     vae = AutoencoderKLWan.from_pretrained(str(init)) if init else build_video_vae(base_dim=base_dim)
-    factor = 2 ** (len(VAE_DIM_MULT) - 1)
+    factor = 2 ** (len(vae.config.dim_mult) - 1)  # the spatial compression
     optimizer, scheduler = adamw_warmup_cosine(vae.parameters(), lr, steps, weight_decay=0.0, max_warmup=50)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "video-vae")

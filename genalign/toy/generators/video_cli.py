@@ -126,7 +126,7 @@ def write_video_card(out: Path, card: dict[str, Any]) -> None:
 A small block-causal autoregressive video generator of the toy video world (moving shapes, 8 frames
 at 48 px; `genalign.toy.video`), in the `ar_video` family's layout: a
 `SkyReelsV2DiffusionForcingPipeline` with a block-causal `SkyReelsV2Transformer3DModel` (blocks of 2
-latent frames), an `AutoencoderKLWan` (8x spatial, no temporal compression) and, as text encoder,
+latent frames), an `AutoencoderKLWan` (4x spatial, no temporal compression) and, as text encoder,
 the frozen text tower of toy-clip (a `CLIPTextModel` with a toy `CLIPTokenizer`; diffusers logs that
 it expected a T5 encoder, and runs it). Sampled Self-Forcing style by the `ar_video` policy, 4 steps
 per block. It follows its prompts imperfectly, by design: room for Astrolabe.
@@ -143,7 +143,8 @@ Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 ```
 
 - Data: toy videos of train prompts only (`toy_video_dataset`, categories uniform, 8 frames, 48 px, skia).
-- Autoencoder: {vae["steps"]} steps, L1 + L2 + KL (weight {vae["kl_weight"]:g}), {vae["train_seconds"]:.0f} s;
+- Autoencoder: {vae["steps"]} steps over {len(vae["commands"])} stage(s), L1 + L2 (shape pixels weighted
+  x{vae["foreground_weight"]:g} in the last stage) + KL (weight {vae["kl_weight"]:g}), {vae["train_seconds"]:.0f} s;
   reconstruction MAE {vae["reconstruction_mae"]:.4f}; verifier accuracy on renders {vae["render_accuracy"]:.3f},
   on their reconstructions {vae["reconstruction_accuracy"]:.3f} (train prompts, 16 per category).
 - Transformer: {card["steps"]} steps, batch {card["batch_size"]}, AdamW, diffusion forcing with a clean
