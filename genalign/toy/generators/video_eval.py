@@ -57,6 +57,7 @@ def evaluate_video_generator(
     steps: int = 4,
     batch_size: int = 32,
     num_threads: int | None = None,
+    keep_per_video: bool = False,
 ) -> dict[str, Any]:
     """The verifier's accuracy on rollouts of an ``ar_video`` generator (a folder, ``tiny:`` id or
     a loaded policy) for ``split``'s prompts (:func:`video_eval_items`), sampled as
@@ -64,7 +65,8 @@ def evaluate_video_generator(
 
     Returns :func:`~genalign.toy.video.evaluate_videos`'s ``overall``, ``video_accuracy``,
     ``mean_fraction``, ``per_category`` and ``counts``, plus ``interval`` (95%, of ``overall``) and
-    ``settings`` (all that reproduces the numbers).
+    ``settings`` (all that reproduces the numbers); with ``keep_per_video`` also ``correct`` and
+    ``categories``, one per video (for paired before / after intervals).
     """
     from genalign.policies import DiffusionPolicy, load_policy
 
@@ -86,6 +88,9 @@ def evaluate_video_generator(
         [float(s["correct"]) for s in per_sample], [s["category"] for s in per_sample]
     )
     result["interval"] = [round(low, 4), round(high, 4)]
+    if keep_per_video:
+        result["correct"] = [float(s["correct"]) for s in per_sample]
+        result["categories"] = [s["category"] for s in per_sample]
     result["settings"] = {
         "split": split,
         "per_category": per_category,
