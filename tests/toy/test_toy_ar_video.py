@@ -162,3 +162,20 @@ def test_the_toy_astrolabe_recipe_runs_a_step_with_the_verifier_as_monitor(tmp_p
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["samples"] == 4 and row["param_change"] > 0
     assert 0.0 <= row["monitor_toy_video_eval"] <= 1.0
+
+
+def test_the_reflow_ode_runs_block_by_block_causally(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_reflow import ode_video_samples, train_captions
+
+    captions = train_captions(2, seed=1)
+    assert len(captions) == 2 and all(isinstance(c, str) and c for c in captions)
+    policy = ARVideoPolicy(small_pipeline)
+    embeds = prompt_embeddings(small_pipeline, captions)
+    noise = torch.randn(2, 4, 8, 12, 12, generator=torch.Generator().manual_seed(0))
+    clean = ode_video_samples(policy, noise, embeds, num_steps=2)
+    changed = noise.clone()
+    changed[:, :, 4:] = 0  # the last two blocks' noise
+    again = ode_video_samples(policy, changed, embeds, num_steps=2)
+    torch.testing.assert_close(again[:, :, :4], clean[:, :, :4])  # earlier blocks never see later ones
+    assert not torch.allclose(again[:, :, 4:], clean[:, :, 4:])

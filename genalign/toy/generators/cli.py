@@ -17,7 +17,7 @@ from genalign.toy.generators.card import add_previous_stages, previous_commands,
 from genalign.toy.generators.evaluate import FAMILIES, evaluate_generator
 from genalign.toy.generators.flow import train_flow
 from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
-from genalign.toy.generators.video_cli import ar_video_command, video_vae_command
+from genalign.toy.generators.video_cli import ar_video_command, reflow_command, video_vae_command
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ COMMAND_OPTIONS += (
 )
 COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow toy-ar-video"))
 COMMAND_OPTIONS += (
-    ("--num-videos", "num_videos", "video-vae toy-ar-video"),
+    ("--num-videos", "num_videos", "video-vae toy-ar-video toy-ar-video-reflow"),
+    ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
     ("--width", "width", "toy-ar-video"),
     ("--foreground-weight", "foreground_weight", "video-vae"),
 )
@@ -45,7 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Toy generators: small real diffusers pipelines trained on the toy world (issue #6).",
     )
     parser.add_argument(
-        "what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "video-vae", "toy-ar-video", "eval", "card"]
+        "what",
+        choices=[
+            "vae",
+            "toy-sd",
+            "toy-lcm",
+            "toy-flow",
+            "video-vae",
+            "toy-ar-video",
+            "toy-ar-video-reflow",
+            "eval",
+            "card",
+        ],
     )
     parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
     parser.add_argument(
@@ -85,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
     parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
+    parser.add_argument(
+        "--ode-steps",
+        type=int,
+        help="toy-ar-video-reflow: Euler steps per block of the ODE pairs (default 8)",
+    )
     parser.add_argument(
         "--foreground-weight",
         type=float,
@@ -436,6 +453,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     "eval": eval_command,
     "video-vae": video_vae_command,
     "toy-ar-video": ar_video_command,
+    "toy-ar-video-reflow": reflow_command,
 }
 TRAINING_COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], dict[str, Any]]] = {
     "toy-sd": sd_command,

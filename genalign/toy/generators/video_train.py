@@ -80,14 +80,17 @@ def diffusion_forcing_loss(
     prompt_embeds: torch.Tensor,
     generator: torch.Generator | None = None,
     shift: float = TIMESTEP_SHIFT,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The velocity loss of module docstring on clean latents ``[B, C, F, h, w]`` with text
-    embeddings ``[B, L, D]``: the mean squared error over the noisy frames only."""
+    embeddings ``[B, L, D]``: the mean squared error over the noisy frames only. ``noise``: the
+    noise each video is paired with (reflow); default fresh Gaussian noise."""
     batch, _, num_frames = latents.shape[:3]
     block_size = int(transformer.config.num_frame_per_block)
     timesteps, noisy = diffusion_forcing_timesteps(batch, num_frames, block_size, generator, shift)
     sigma = (timesteps / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
-    noise = torch.randn(latents.shape, generator=generator)
+    if noise is None:
+        noise = torch.randn(latents.shape, generator=generator)
     noised = (1 - sigma) * latents + sigma * noise  # x_t
     velocity = transformer(
         hidden_states=noised,
