@@ -151,10 +151,9 @@ def _reflow_line(card: dict[str, Any]) -> str:
     return (
         f"\n- Reflow (Liu et al. 2023): {reflow['num_videos']} pairs (noise, its {reflow['ode_steps']}-step Euler ODE "
         f"sample, block by block), then {reflow['steps']} steps of the same loss with the paired noise, batch "
-        f"{reflow['batch_size']}, {reflow['train_seconds']:.0f} s. Without it the 4-step Self-Forcing rollout of "
-        "the flow-matching model draws the prompt's mean video, near blank: verifier accuracy "
-        f"{before['rl_heldout']:.3f} (RL-held-out) / {before['rl_train']:.3f} (RL-train) before reflow "
-        "(`genalign/toy/generators/video_reflow.py`)."
+        f"{reflow['batch_size']}, {reflow['train_seconds']:.0f} s. The 4-step Self-Forcing rollout of the "
+        "flow-matching model before reflow (its x0 is a posterior mean: `genalign/toy/generators/video_reflow.py`): "
+        f"verifier accuracy {before['rl_heldout']:.3f} (RL-held-out) / {before['rl_train']:.3f} (RL-train)."
     )
 
 
@@ -190,7 +189,7 @@ Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 
 - Data: toy videos of train prompts only (`toy_video_dataset`, categories uniform, 8 frames, 48 px, skia).
 - Autoencoder: {vae["steps"]} steps over {len(vae["commands"])} stage(s), L1 + L2 (shape pixels weighted
-  x{vae["foreground_weight"]:g} in the last stage) + KL (weight {vae["kl_weight"]:g}), {vae["train_seconds"]:.0f} s;
+  x{vae["foreground_weight"]:g}, the last stage's setting) + KL (weight {vae["kl_weight"]:g}), {vae["train_seconds"]:.0f} s;
   reconstruction MAE {vae["reconstruction_mae"]:.4f}; verifier accuracy on renders {vae["render_accuracy"]:.3f},
   on their reconstructions {vae["reconstruction_accuracy"]:.3f} (train prompts, 16 per category).
 - Transformer: {card["steps"]} steps, batch {card["batch_size"]}, AdamW, diffusion forcing with a clean
