@@ -171,16 +171,19 @@ def test_vae_command_passes_the_kl_weight_and_rejects_it_elsewhere(tmp_path, cap
         main(
             ["toy-sd", "--out", str(tmp_path / "sd"), "--vae", str(tmp_path / "1e-6"), "--kl-weight", "1e-5"]
         )
-    assert "--kl-weight is an option of the vae command only" in capsys.readouterr().err
+    assert "--kl-weight is an option of the vae and video-vae commands only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["vae", "--out", str(tmp_path / "v"), "--v-weight-cap", "50"])
     assert "--v-weight-cap is an option of the toy-sd command only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["toy-sd", "--out", str(tmp_path / "s"), "--layers", "4"])
-    assert "--layers is an option of the toy-flow command only" in capsys.readouterr().err
+    assert "--layers is an option of the toy-flow and toy-ar-video commands only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["vae", "--out", str(tmp_path / "v"), "--clip-text", "x"])
-    assert "--clip-text is an option of the toy-sd and toy-flow commands only" in capsys.readouterr().err
+    assert (
+        "--clip-text is an option of the toy-sd and toy-flow and toy-ar-video commands only"
+        in capsys.readouterr().err
+    )
 
 
 def test_stage_commands_record_the_vae_each_stage_was_trained_on():

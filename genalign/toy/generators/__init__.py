@@ -27,7 +27,13 @@ captions), ``train`` (VAE, toy-sd, toy-lcm), ``flow`` (toy-flow), ``evaluate`` (
 generator), ``card`` (model cards) and ``cli``; the loop, EMA and schedule they share are
 :mod:`genalign.toy.training`.
 
-Run ``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,eval,card} --help``; the exact
+``toy-ar-video`` (issue #26), the ``ar_video`` family's toy: a ``SkyReelsV2DiffusionForcingPipeline``
+of the toy video world (``genalign.toy.video``) -- ``video`` (its parts and its Wan autoencoder,
+:func:`train_video_vae`), ``video_train`` (the block-causal transformer trained with diffusion
+forcing, :func:`train_ar_video`), ``video_eval`` (the video verifier's accuracy of its rollouts,
+:func:`evaluate_video_generator`) and ``video_cli`` (its commands and card).
+
+Run ``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,video-vae,toy-ar-video,eval,card} --help``; the exact
 commands used for the shipped models are in ``assets/models/<name>/README.md``.
 """
 
@@ -67,6 +73,9 @@ from genalign.toy.generators.train import (
     train_vae,
     v_loss_timestep_weights,
 )
+from genalign.toy.generators.video import train_video_vae
+from genalign.toy.generators.video_eval import evaluate_video_generator
+from genalign.toy.generators.video_train import train_ar_video
 from genalign.toy.training import folder_megabytes, parameter_count
 
 __all__ = [
@@ -87,6 +96,7 @@ __all__ = [
     "encode_latents",
     "eval_prompts",
     "evaluate_generator",
+    "evaluate_video_generator",
     "flow_vae",
     "folder_megabytes",
     "guidance_scale_embedding",
@@ -100,10 +110,12 @@ __all__ = [
     "toy_dataset",
     "toy_tokenizer",
     "toy_words",
+    "train_ar_video",
     "train_flow",
     "train_lcm",
     "train_sd",
     "train_vae",
+    "train_video_vae",
     "v_loss_timestep_weights",
     "write_card",
 ]

@@ -38,8 +38,9 @@ def _byte_symbols() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def toy_tokenizer(model_max_length: int = TOKEN_LENGTH):
-    """A real ``CLIPTokenizer`` whose BPE merges spell every toy word as one token.
+def toy_tokenizer(model_max_length: int = TOKEN_LENGTH, words: Sequence[str] | None = None):
+    """A real ``CLIPTokenizer`` whose BPE merges spell every toy word (or every one of ``words``)
+    as one token.
 
     The vocabulary holds the 256 byte symbols (plain and end-of-word), so any text tokenizes; the
     merges are chosen word by word so that, applied in rank order as BPE does, each toy word ends
@@ -62,7 +63,7 @@ def toy_tokenizer(model_max_length: int = TOKEN_LENGTH):
             parts[index : index + 2] = [parts[index] + parts[index + 1]]
         return parts
 
-    for word in toy_words():
+    for word in toy_words() if words is None else sorted(words):
         parts = apply_merges([*word[:-1], word[-1] + "</w>"])
         while len(parts) > 1:
             ranks[(parts[0], parts[1])] = len(ranks)

@@ -1,5 +1,5 @@
-"""``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,eval,card}``: one function per
-command. The exact commands of the shipped models are in ``assets/models/<name>/README.md``."""
+"""``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,video-vae,toy-ar-video,eval,card}``:
+one function per command (the video ones in :mod:`genalign.toy.generators.video_cli`). The exact commands of the shipped models are in ``assets/models/<name>/README.md``."""
 
 from __future__ import annotations
 
@@ -17,17 +17,27 @@ from genalign.toy.generators.card import add_previous_stages, previous_commands,
 from genalign.toy.generators.evaluate import FAMILIES, evaluate_generator
 from genalign.toy.generators.flow import train_flow
 from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
+from genalign.toy.generators.video_cli import ar_video_command, reflow_command, video_vae_command
 
 logger = logging.getLogger(__name__)
 
 TRAIN_EVAL = "train prompts (16 per category, 2 images each)"
 # options that belong to one command only
-COMMAND_OPTIONS = (("--kl-weight", "kl_weight", "vae"), ("--v-weight-cap", "v_weight_cap", "toy-sd"))
+COMMAND_OPTIONS = (
+    ("--kl-weight", "kl_weight", "vae video-vae"),
+    ("--v-weight-cap", "v_weight_cap", "toy-sd"),
+)
 COMMAND_OPTIONS += (
-    ("--clip-text", "clip_text", "toy-sd toy-flow"),
+    ("--clip-text", "clip_text", "toy-sd toy-flow toy-ar-video"),
     ("--caption-noise", "caption_noise", "toy-sd toy-flow"),
 )
-COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow"))
+COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow toy-ar-video"))
+COMMAND_OPTIONS += (
+    ("--num-videos", "num_videos", "video-vae toy-ar-video toy-ar-video-reflow"),
+    ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
+    ("--width", "width", "toy-ar-video"),
+    ("--foreground-weight", "foreground_weight", "video-vae"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,10 +45,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m genalign.toy.generators",
         description="Toy generators: small real diffusers pipelines trained on the toy world (issue #6).",
     )
-    parser.add_argument("what", choices=["vae", "toy-sd", "toy-lcm", "toy-flow", "eval", "card"])
+    parser.add_argument(
+        "what",
+        choices=[
+            "vae",
+            "toy-sd",
+            "toy-lcm",
+            "toy-flow",
+            "video-vae",
+            "toy-ar-video",
+            "toy-ar-video-reflow",
+            "eval",
+            "card",
+        ],
+    )
     parser.add_argument("--out", required=True, help="output folder (eval: the model folder)")
     parser.add_argument(
-        "--vae", help="trained VAE folder, or a toy model folder whose VAE to reuse (toy-sd, toy-flow)"
+        "--vae",
+        help="trained VAE folder, or a toy model folder whose VAE to reuse (toy-sd, toy-flow); toy-ar-video: a video-vae folder",
     )
     parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
     parser.add_argument(
@@ -66,7 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="toy-sd, toy-flow: an open_clip folder (toy-clip) whose text tower becomes the frozen text encoder "
         "(toy-flow: both of them)",
     )
-    parser.add_argument("--layers", type=int, help="toy-flow: MMDiT blocks of a new transformer (default 3)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help="toy-flow: MMDiT blocks of a new transformer (default 3); toy-ar-video: blocks (4)",
+    )
+    parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
+    parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
+    parser.add_argument(
+        "--ode-steps",
+        type=int,
+        help="toy-ar-video-reflow: Euler steps per block of the ODE pairs (default 8)",
+    )
+    parser.add_argument(
+        "--foreground-weight",
+        type=float,
+        help="video-vae: weight of shape pixels in the reconstruction loss, the white background's being 1 (default 5)",
+    )
     parser.add_argument(
         "--v-weight-cap",
         type=float,
@@ -411,6 +451,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     "vae": vae_command,
     "card": card_command,
     "eval": eval_command,
+    "video-vae": video_vae_command,
+    "toy-ar-video": ar_video_command,
+    "toy-ar-video-reflow": reflow_command,
 }
 TRAINING_COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], dict[str, Any]]] = {
     "toy-sd": sd_command,

@@ -1,0 +1,210 @@
+"""The toy AR video generator's commands of ``python -m genalign.toy.generators``: ``video-vae``
+(the autoencoder) and ``toy-ar-video`` (the transformer, then the card). One function per command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from genalign.toy.generators.video import train_video_vae
+from genalign.toy.generators.video_eval import evaluate_video_generator
+from genalign.toy.generators.video_reflow import train_reflow
+from genalign.toy.generators.video_train import train_ar_video
+from genalign.toy.training import folder_megabytes, write_card_files
+
+logger = logging.getLogger(__name__)
+
+NAME = "toy-ar-video"
+DEFAULT_CLIP_TEXT = "assets/models/toy-clip"
+
+
+def _command_line() -> str:
+    return "python -m genalign.toy.generators " + " ".join(sys.argv[1:])
+
+
+def video_vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Train the video autoencoder; writes the folder and its ``training.json`` (with the command)."""
+    out = Path(args.out)
+    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "kl_weight": args.kl_weight}
+    options["foreground_weight"] = args.foreground_weight  # None: the recipe's default
+    options = {k: v for k, v in options.items() if v is not None}
+    _, info = train_video_vae(out, seed=args.seed, max_minutes=args.max_minutes, init=args.init, **options)
+    info["commands"] = [_command_line()]
+    if args.init:  # a continued stage: the earlier stages' commands, steps and seconds come first
+        previous = json.loads((Path(args.init) / "training.json").read_text())
+        info["commands"] = previous["commands"] + info["commands"]
+        info["steps"] += previous["steps"]
+        info["train_seconds"] += previous["train_seconds"]
+    (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k != "loss_history"}))
+    return 0
+
+
+def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Train the transformer on a ``video-vae`` folder's latents, then evaluate and write the card."""
+    from diffusers import AutoencoderKLWan
+
+    if not args.vae or not (Path(args.vae) / "training.json").is_file():
+        parser.error(
+            "toy-ar-video needs --vae: a folder written by the video-vae command (with training.json)"
+        )
+    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+    options = {
+        "steps": args.steps,
+        "lr": args.lr,
+        "num_videos": args.num_videos,
+        "ema_decay": args.ema_decay,
+        "num_layers": args.layers,
+        "width": args.width,
+    }
+    options = {k: v for k, v in options.items() if v is not None}
+    out = Path(args.out)
+    _, info = train_ar_video(
+        AutoencoderKLWan.from_pretrained(args.vae),
+        args.clip_text or DEFAULT_CLIP_TEXT,
+        out,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        snapshot_every=args.snapshot_every,
+        **options,
+    )
+    card = {
+        "name": NAME,
+        "commands": [*vae_info["commands"], _command_line()],
+        "vae": {k: v for k, v in vae_info.items() if k not in ("loss_history", "parameters")},
+        "clip_text": args.clip_text or DEFAULT_CLIP_TEXT,
+        "batch_size": args.batch_size,
+        **{k: info[k] for k in ("steps", "train_seconds", "parameters", "loss_history")},
+        "evals": video_evaluations(out, args.eval_seed, args.eval_per_prompt),
+    }
+    write_video_card(out, card)
+    return 0
+
+
+def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Reflow a ``toy-ar-video`` folder (``--init``), then evaluate and write the card."""
+    if not args.init or not (Path(args.init) / "card.json").is_file():
+        parser.error("toy-ar-video-reflow needs --init: a folder written by the toy-ar-video command")
+    previous = json.loads((Path(args.init) / "card.json").read_text())
+    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
+    options["ode_steps"] = args.ode_steps
+    options = {k: v for k, v in options.items() if v is not None}
+    out = Path(args.out)
+    _, info = train_reflow(
+        args.init, out, batch_size=args.batch_size, seed=args.seed, max_minutes=args.max_minutes, **options
+    )
+    card = {
+        **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
+        "commands": [*previous["commands"], _command_line()],
+        "stage_1_evals": {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")},
+        "reflow": {
+            "steps": info["steps"],
+            "train_seconds": info["train_seconds"],
+            "num_videos": options.get("num_videos", 2000),
+            "ode_steps": options.get("ode_steps", 8),
+            "batch_size": args.batch_size,
+            "loss_history": info["loss_history"],
+        },
+        "train_seconds": previous["train_seconds"] + info["train_seconds"],
+        "evals": video_evaluations(out, args.eval_seed, args.eval_per_prompt),
+    }
+    write_video_card(out, card)
+    return 0
+
+
+def video_evaluations(path: Path, seed: int = 0, num_per_prompt: int = 1) -> dict[str, Any]:
+    """The card's evaluations: RL-held-out and RL-train prompts, and a small fixed subset."""
+    evals = {
+        split: evaluate_video_generator(path, split, num_per_prompt=num_per_prompt, seed=seed)
+        for split in ("rl_heldout", "rl_train")
+    }
+    evals["subset"] = evaluate_video_generator(
+        path, "rl_heldout", per_category=2, num_per_prompt=2, seed=seed
+    )
+    for name, result in evals.items():
+        logger.info("[%s] %s overall %.3f %s", NAME, name, result["overall"], result["interval"])
+    return evals
+
+
+def _table(result: dict[str, Any]) -> str:
+    rows = [f"| {c} | {a:.3f} | {result['counts'][c]} |" for c, a in result["per_category"].items()]
+    low, high = result["interval"]
+    return "\n".join(
+        [
+            "| category | accuracy | videos |",
+            "|---|---|---|",
+            *rows,
+            f"| **overall** (mean of categories) | **{result['overall']:.3f}** [{low:.3f}, {high:.3f}] | |",
+        ]
+    )
+
+
+def _reflow_line(card: dict[str, Any]) -> str:
+    if "reflow" not in card:
+        return ""
+    reflow, before = card["reflow"], card["stage_1_evals"]
+    return (
+        f"\n- Reflow (Liu et al. 2023): {reflow['num_videos']} pairs (noise, its {reflow['ode_steps']}-step Euler ODE "
+        f"sample, block by block), then {reflow['steps']} steps of the same loss with the paired noise, batch "
+        f"{reflow['batch_size']}, {reflow['train_seconds']:.0f} s. The 4-step Self-Forcing rollout of the "
+        "flow-matching model before reflow (its x0 is a posterior mean: `genalign/toy/generators/video_reflow.py`): "
+        f"verifier accuracy {before['rl_heldout']:.3f} (RL-held-out) / {before['rl_train']:.3f} (RL-train)."
+    )
+
+
+def write_video_card(out: Path, card: dict[str, Any]) -> None:
+    """``card.json`` and README.md of toy-ar-video."""
+    card = dict(card, size_mb=folder_megabytes(out))
+    evals, vae = card["evals"], card["vae"]
+    params = ", ".join(f"{k} {v:,}" for k, v in card["parameters"].items())
+    sections = "".join(
+        f"\n### {title}\n\n{_table(evals[key])}\n\nSettings: `{json.dumps(evals[key]['settings'])}`\n"
+        for key, title in (("rl_heldout", "RL-held-out prompts"), ("rl_train", "RL-train prompts"))
+    )
+    readme = f"""# {card["name"]}
+
+A small block-causal autoregressive video generator of the toy video world (moving shapes, 8 frames
+at 48 px; `genalign.toy.video`), in the `ar_video` family's layout: a
+`SkyReelsV2DiffusionForcingPipeline` with a block-causal `SkyReelsV2Transformer3DModel` (blocks of 2
+latent frames), an `AutoencoderKLWan` (4x spatial, no temporal compression) and, as text encoder,
+the frozen text tower of toy-clip (a `CLIPTextModel` with a toy `CLIPTokenizer`; diffusers logs that
+it expected a T5 encoder, and runs it). Sampled Self-Forcing style by the `ar_video` policy, 4 steps
+per block. It follows its prompts imperfectly, by design: room for Astrolabe.
+
+Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
+`SkyReelsV2DiffusionForcingPipeline.from_pretrained("assets/models/{card["name"]}")` or
+`genalign.policies.load_policy("ar_video", "assets/models/{card["name"]}")` and roll out with
+`height=48, width=48, num_frames=8`.
+
+## Recipe
+
+```
+{chr(10).join(card["commands"])}
+```
+
+- Data: toy videos of train prompts only (`toy_video_dataset`, categories uniform, 8 frames, 48 px, skia).
+- Autoencoder: {vae["steps"]} steps over {len(vae["commands"])} stage(s), L1 + L2 (shape pixels weighted
+  x{vae["foreground_weight"]:g}, the last stage's setting) + KL (weight {vae["kl_weight"]:g}), {vae["train_seconds"]:.0f} s;
+  reconstruction MAE {vae["reconstruction_mae"]:.4f}; verifier accuracy on renders {vae["render_accuracy"]:.3f},
+  on their reconstructions {vae["reconstruction_accuracy"]:.3f} (train prompts, 16 per category).
+- Transformer: {card["steps"]} steps, batch {card["batch_size"]}, AdamW, diffusion forcing with a clean
+  prefix (flow-matching velocity loss, an independent shifted noise level per block), EMA weights;
+  text tower of {card["clip_text"]} frozen.{_reflow_line(card)}
+- Training time: {card["train_seconds"]:.0f} s for the transformer stages on one CPU thread (data
+  encoding and ODE pairs included), plus the autoencoder's.
+- Parameters: {params} (fp32); {card["size_mb"]} MB on disk.
+
+## Verifier accuracy (`toy_video_eval`), 95% intervals stratified by category
+{sections}
+Small fixed subset (re-scored by `tests/toy/test_toy_ar_video.py`): settings
+`{json.dumps(evals["subset"]["settings"])}`, overall {evals["subset"]["overall"]:.4f}.
+
+Reproduce: `evaluate_video_generator(path, split, per_category, num_per_prompt, seed, steps)` in
+`genalign.toy.generators.video_eval`.
+"""
+    write_card_files(out, card, readme)

@@ -1,0 +1,103 @@
+"""The video verifier's accuracy on a toy AR video generator's rollouts, with fixed seeds and a 95%
+interval (the numbers of toy-ar-video's card)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.toy.evaluation import paired_change_interval
+from genalign.toy.training import torch_threads
+from genalign.toy.video.captions import VIDEO_CATEGORIES
+from genalign.toy.video.prompts import VideoPromptSpec, video_prompts_for
+from genalign.toy.video.scenes import NUM_FRAMES, VIDEO_SIZE
+from genalign.toy.video.verifier import evaluate_videos
+
+# How the card's numbers are sampled (and the toy Astrolabe recipe's rollouts): the ar_video
+# policy's 4 Self-Forcing steps per block, 48 px, 8 latent frames (= 8 frames: no temporal compression).
+VIDEO_SAMPLING = {
+    "num_inference_steps": 4,
+    "height": VIDEO_SIZE,
+    "width": VIDEO_SIZE,
+    "num_frames": NUM_FRAMES,
+}
+
+
+def video_eval_items(
+    split: str = "rl_heldout", per_category: int | None = None, num_per_prompt: int = 1, seed: int = 0
+) -> list[tuple[VideoPromptSpec, int]]:
+    """(prompt, seed) pairs: ``split``'s prompts (or the first ``per_category`` of each category),
+    ``num_per_prompt`` each; video ``j`` of prompt ``i`` has seed ``seed + i * num_per_prompt + j``."""
+    if num_per_prompt < 1 or (per_category is not None and per_category < 1):
+        raise ValueError("num_per_prompt and per_category must be positive")
+    prompts = video_prompts_for(split)
+    if per_category is not None:
+        prompts = [
+            p for c in VIDEO_CATEGORIES for p in [q for q in prompts if q.category == c][:per_category]
+        ]
+    return [(p, seed + i * num_per_prompt + j) for i, p in enumerate(prompts) for j in range(num_per_prompt)]
+
+
+def accuracy_interval(correct: list[float], categories: list[str]) -> tuple[float, float, float]:
+    """The mean-of-categories accuracy and its 95% normal interval, stratified by category:
+    :func:`~genalign.toy.evaluation.paired_change_interval` from an all-zero "before"
+    (``acc ± 1.96 sqrt(Σ_c s_c² / n_c) / K``)."""
+    return paired_change_interval([0.0] * len(correct), correct, categories)
+
+
+@torch.no_grad()
+def evaluate_video_generator(
+    path: str | Path | Any,
+    split: str = "rl_heldout",
+    per_category: int | None = None,
+    num_per_prompt: int = 1,
+    seed: int = 0,
+    steps: int = 4,
+    batch_size: int = 32,
+    num_threads: int | None = None,
+    keep_per_video: bool = False,
+) -> dict[str, Any]:
+    """The verifier's accuracy on rollouts of an ``ar_video`` generator (a folder, ``tiny:`` id or
+    a loaded policy) for ``split``'s prompts (:func:`video_eval_items`), sampled as
+    :data:`VIDEO_SAMPLING` with ``steps`` steps per block.
+
+    Returns :func:`~genalign.toy.video.evaluate_videos`'s ``overall``, ``video_accuracy``,
+    ``mean_fraction``, ``per_category`` and ``counts``, plus ``interval`` (95%, of ``overall``) and
+    ``settings`` (all that reproduces the numbers); with ``keep_per_video`` also ``correct`` and
+    ``categories``, one per video (for paired before / after intervals).
+    """
+    from genalign.policies import DiffusionPolicy, load_policy
+
+    items = video_eval_items(split, per_category, num_per_prompt, seed)
+    sampling = dict(VIDEO_SAMPLING, num_inference_steps=steps)
+    with torch_threads(num_threads):
+        policy = (
+            path if isinstance(path, DiffusionPolicy) else load_policy("ar_video", str(path), train=False)
+        )
+        videos = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            seeds = torch.tensor([s for _, s in chunk], dtype=torch.long)
+            trajectory = policy.rollout([p.caption for p, _ in chunk], seeds=seeds, **sampling)
+            videos.append(trajectory.images.float().cpu())
+        result = evaluate_videos(torch.cat(videos), [p.spec for p, _ in items])
+    per_sample = result.pop("per_sample")
+    _, low, high = accuracy_interval(
+        [float(s["correct"]) for s in per_sample], [s["category"] for s in per_sample]
+    )
+    result["interval"] = [round(low, 4), round(high, 4)]
+    if keep_per_video:
+        result["correct"] = [float(s["correct"]) for s in per_sample]
+        result["categories"] = [s["category"] for s in per_sample]
+    result["settings"] = {
+        "split": split,
+        "per_category": per_category,
+        "num_prompts": len(items) // num_per_prompt,
+        "num_per_prompt": num_per_prompt,
+        "seed": seed,
+        **sampling,
+        "sampler": "Self-Forcing (x0 prediction, re-noised with fresh noise), KV cache",
+    }
+    return result

@@ -1,0 +1,182 @@
+"""toy-ar-video's transformer recipe: diffusion forcing on toy video latents, block-causal.
+
+The model is sampled by the ``ar_video`` policy Self-Forcing style (Huang et al. 2025): block by
+block, each block denoised from pure noise with the previous blocks as clean context at timestep
+0, and every step predicting ``x0 = x_t - sigma v``. Training therefore follows diffusion forcing
+(Chen et al. 2024, "Diffusion Forcing", Sec. 3: an independent noise level per token, here per
+block, under a causal mask) with the context Self-Forcing's sampler gives: per video a frontier
+block ``k`` is drawn uniformly; the blocks before it are clean (timestep 0, the sampler's context,
+no loss), block ``k`` and the later ones each draw their own noise level. The loss is the
+flow-matching (rectified-flow) velocity loss on the noisy blocks (Lipman et al. 2023; Esser et al.
+2024, eqs. 1-3): ``x_t = (1 - sigma) x0 + sigma eps``, target ``v = eps - x0``, the convention the
+policy's ``x0 = x_t - sigma v`` undoes. Noise levels are ``sigma = s u / (1 + (s - 1) u)``,
+``u ~ U(0, 1)``, ``s = 5``: the shifted density whose uniform grid the policy's 4-step rollout
+samples (1000, 937.5, 833.3, 625).
+
+The text encoder is frozen (toy-clip's text tower, :func:`clip_text_encoder`), so each caption's
+embeddings are computed once, by the pipeline's own ``encode_prompt``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genalign.toy.generators.build import clip_text_encoder
+from genalign.toy.generators.train import ema_warmup, finish_training
+from genalign.toy.generators.video import (
+    VIDEO_TOKEN_LENGTH,
+    build_video_transformer,
+    video_latents,
+    video_pipeline,
+    video_tokenizer,
+)
+from genalign.toy.training import (
+    ParameterEMA,
+    TrainingLog,
+    adamw_warmup_cosine,
+    averaged_modules,
+    load_averages,
+    optimise,
+)
+from genalign.toy.video.data import toy_video_dataset
+
+NUM_TRAIN_TIMESTEPS = 1000
+TIMESTEP_SHIFT = 5.0  # the ar_video policy's (Self-Forcing's) schedule shift
+
+
+def diffusion_forcing_timesteps(
+    batch: int,
+    num_frames: int,
+    block_size: int,
+    generator: torch.Generator | None = None,
+    shift: float = TIMESTEP_SHIFT,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame model timesteps ``[B, F]`` in [0, 1000] and the mask ``[B, F]`` of noisy frames.
+
+    Per video: a frontier block ``k ~ U{0, ..., F / block_size - 1}``; blocks before it at timestep
+    0 (clean context), each block from ``k`` on at its own ``1000 sigma``, ``sigma = shift u / (1 +
+    (shift - 1) u)`` with ``u ~ U(0, 1)``. All frames of a block share its timestep.
+    """
+    if num_frames % block_size:
+        raise ValueError(f"num_frames {num_frames} is not a multiple of the block size {block_size}")
+    num_blocks = num_frames // block_size
+    frontier = torch.randint(0, num_blocks, (batch, 1), generator=generator)
+    u = torch.rand(batch, num_blocks, generator=generator)
+    sigma = shift * u / (1 + (shift - 1) * u)
+    noisy = torch.arange(num_blocks)[None] >= frontier  # (B, blocks)
+    sigma = torch.where(noisy, sigma, torch.zeros(()))
+    timesteps = (NUM_TRAIN_TIMESTEPS * sigma).repeat_interleave(block_size, dim=1)
+    return timesteps, noisy.repeat_interleave(block_size, dim=1)
+
+
+def diffusion_forcing_loss(
+    transformer,
+    latents: torch.Tensor,
+    prompt_embeds: torch.Tensor,
+    generator: torch.Generator | None = None,
+    shift: float = TIMESTEP_SHIFT,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The velocity loss of module docstring on clean latents ``[B, C, F, h, w]`` with text
+    embeddings ``[B, L, D]``: the mean squared error over the noisy frames only. ``noise``: the
+    noise each video is paired with (reflow); default fresh Gaussian noise."""
+    batch, _, num_frames = latents.shape[:3]
+    block_size = int(transformer.config.num_frame_per_block)
+    timesteps, noisy = diffusion_forcing_timesteps(batch, num_frames, block_size, generator, shift)
+    sigma = (timesteps / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
+    if noise is None:
+        noise = torch.randn(latents.shape, generator=generator)
+    noised = (1 - sigma) * latents + sigma * noise  # x_t
+    velocity = transformer(
+        hidden_states=noised,
+        timestep=timesteps,
+        encoder_hidden_states=prompt_embeds,
+        enable_diffusion_forcing=True,
+        return_dict=False,
+    )[0]
+    error = (velocity.float() - (noise - latents)).pow(2).mean(dim=(1, 3, 4))  # (B, F)
+    return (error * noisy).sum() / (noisy.sum() * 1.0).clamp(min=1.0)
+
+
+@torch.no_grad()
+def prompt_embeddings(pipe, captions: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+    """The pipeline's own text conditioning ``[N, L, D]`` of ``captions`` (its ``encode_prompt``:
+    the tokens' last hidden states, zero after each caption's last token)."""
+    chunks = []
+    for start in range(0, len(captions), batch_size):
+        embeds, _ = pipe.encode_prompt(
+            list(captions[start : start + batch_size]),
+            do_classifier_free_guidance=False,
+            max_sequence_length=VIDEO_TOKEN_LENGTH,
+            device=torch.device("cpu"),
+        )
+        chunks.append(embeds.float())
+    return torch.cat(chunks)
+
+
+def train_ar_video(
+    vae,
+    clip_text: str | Path,
+    out: str | Path | None = None,
+    steps: int = 4000,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    num_videos: int = 3000,
+    seed: int = 0,
+    ema_decay: float = 0.995,
+    width: int = 128,
+    num_layers: int = 4,
+    max_minutes: float | None = None,
+    log_every: int = 100,
+    snapshot_every: int | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Train toy-ar-video's block-causal transformer from scratch on the latents of
+    ``num_videos`` toy videos of train prompts (:func:`toy_video_dataset`), conditioned on the
+    frozen text tower of ``clip_text`` (an open_clip folder: toy-clip), with
+    :func:`diffusion_forcing_loss`, AdamW and an EMA of the weights (saved). ``vae``: a trained
+    ``AutoencoderKLWan`` (:func:`~genalign.toy.generators.video.train_video_vae`). The data's
+    encoding counts in ``train_seconds``. Returns ``(pipeline, info)``.
+    """
+    torch.manual_seed(seed)
+    start = time.time()
+    tokenizer = video_tokenizer()
+    text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False).eval()
+    transformer = build_video_transformer(
+        text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers
+    )
+    pipe = video_pipeline(vae.eval(), text_encoder, tokenizer, transformer)
+    videos, captions = toy_video_dataset(num_videos, seed=seed + 3000)
+    latents = video_latents(vae, videos)  # (N, C, F, h, w), standardised
+    embeds = prompt_embeddings(pipe, captions)  # (N, L, D)
+    del videos
+    params = list(transformer.parameters())
+    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=200)
+    ema = ParameterEMA(params, ema_decay)
+    (averaged,) = averaged_modules(ema, [transformer])
+    generator = torch.Generator().manual_seed(seed)
+    log = TrainingLog(log_every, steps, "toy-ar-video")
+    transformer.train()
+
+    def loss_fn(step: int) -> torch.Tensor:
+        index = torch.randint(len(latents), (batch_size,), generator=generator)
+        return diffusion_forcing_loss(transformer, latents[index], embeds[index], generator)
+
+    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
+        (average,) = load_averages(ema, [averaged])
+        saved = video_pipeline(vae, text_encoder, tokenizer, average)
+        parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
+        return finish_training(saved, parameters, done, log, start, folder)
+
+    def snapshot(done: int) -> None:
+        if snapshot_every and out is not None and done % snapshot_every == 0:
+            save(Path(out) / "snapshot", done)
+
+    done = optimise(
+        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_warmup(ema_decay), max_minutes, snapshot
+    )
+    return save(out, done)

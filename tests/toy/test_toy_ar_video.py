@@ -1,0 +1,185 @@
+"""toy-ar-video: its parts, its recipe's loss and data path, and the shipped model (issue #26)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.toy.generators.build import clip_text_encoder
+from genalign.toy.generators.video import (
+    build_video_transformer,
+    build_video_vae,
+    decode_for_training,
+    encode_frames,
+    video_pipeline,
+    video_tokenizer,
+    video_words,
+)
+from genalign.toy.generators.video_eval import VIDEO_SAMPLING, accuracy_interval, video_eval_items
+from genalign.toy.generators.video_train import (
+    diffusion_forcing_loss,
+    diffusion_forcing_timesteps,
+    prompt_embeddings,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_CLIP = ROOT / "assets" / "models" / "toy-clip"
+SHIPPED = ROOT / "assets" / "models" / "toy-ar-video"
+
+
+@pytest.fixture(scope="module")
+def small_pipeline():
+    """toy-ar-video's layout at a fraction of its size (random VAE and transformer)."""
+    tokenizer = video_tokenizer()
+    text_encoder = clip_text_encoder(TOY_CLIP, tokenizer).requires_grad_(False).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+        transformer = build_video_transformer(
+            text_encoder.config.hidden_size, 4, width=32, num_layers=1, head_dim=16
+        )
+    return video_pipeline(vae, text_encoder, tokenizer, transformer)
+
+
+def test_every_video_word_is_one_token():
+    tokenizer = video_tokenizer()
+    for word in video_words():
+        assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1, word
+    ids = tokenizer("a red circle right of a blue triangle, falling").input_ids
+    assert len(ids) == 12  # BOS, 10 words, the comma, EOS
+
+
+def test_the_training_decode_equals_the_pipelines_decode(small_pipeline):
+    vae = small_pipeline.vae
+    videos = torch.rand(2, 3, 8, 48, 48) * 2 - 1
+    with torch.no_grad():
+        mean, std = encode_frames(vae, videos)
+        assert mean.shape == (2, 4, 8, 12, 12) and (std > 0).all()
+        # frame t's latent depends on frame t only
+        changed = videos.clone()
+        changed[:, :, 5] = 0
+        torch.testing.assert_close(encode_frames(vae, changed)[0][:, :, :5], mean[:, :, :5])
+        torch.testing.assert_close(
+            decode_for_training(vae, mean).clamp(-1, 1), vae.decode(mean).sample, atol=1e-4, rtol=1e-3
+        )
+
+
+def test_diffusion_forcing_keeps_a_clean_prefix_and_one_level_per_block():
+    generator = torch.Generator().manual_seed(0)
+    timesteps, noisy = diffusion_forcing_timesteps(512, 8, 2, generator)
+    assert timesteps.shape == noisy.shape == (512, 8)
+    assert torch.equal(timesteps[:, 0::2], timesteps[:, 1::2])  # a block shares its level
+    assert ((timesteps == 0) == ~noisy).all()
+    assert (noisy[:, 1:].int() >= noisy[:, :-1].int()).all()  # clean frames only before noisy ones
+    assert noisy[:, -1].all()  # the last block always trains
+    assert set(noisy.sum(1).tolist()) == {2, 4, 6, 8}  # every frontier drawn
+    sigma = timesteps[noisy] / 1000  # shift 5: P(sigma < 0.5) = P(u < 1/6)
+    assert (sigma <= 1).all() and (sigma < 0.5).float().mean() == pytest.approx(1 / 6, abs=0.03)
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        diffusion_forcing_timesteps(2, 7, 2)
+
+
+def test_a_training_step_lowers_the_loss_on_a_fixed_batch(small_pipeline):
+    transformer = small_pipeline.transformer
+    state = {k: v.clone() for k, v in transformer.state_dict().items()}
+    latents = torch.randn(4, 4, 8, 12, 12)
+    embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"] * 2)
+    assert embeds.shape == (4, 16, 64)
+
+    def loss() -> torch.Tensor:
+        return diffusion_forcing_loss(transformer, latents, embeds, torch.Generator().manual_seed(3))
+
+    optimizer = torch.optim.Adam(transformer.parameters(), lr=1e-3)
+    try:
+        before = loss()
+        before.backward()
+        optimizer.step()
+        with torch.no_grad():
+            assert loss().item() < before.item()
+    finally:
+        transformer.load_state_dict(state)
+
+
+def test_the_built_folder_loads_as_an_ar_video_policy_and_rolls_out(small_pipeline, tmp_path):
+    from diffusers import SkyReelsV2DiffusionForcingPipeline
+
+    from genalign.policies import load_policy
+
+    small_pipeline.save_pretrained(str(tmp_path))
+    assert isinstance(
+        SkyReelsV2DiffusionForcingPipeline.from_pretrained(str(tmp_path)), SkyReelsV2DiffusionForcingPipeline
+    )
+    policy = load_policy("ar_video", str(tmp_path), train=False)
+    trajectory = policy.rollout(["a red circle falling"], seeds=torch.tensor([0]), **VIDEO_SAMPLING)
+    assert trajectory.images.shape == (1, 8, 3, 48, 48)
+
+
+def test_eval_items_and_the_accuracy_interval():
+    items = video_eval_items("rl_heldout", per_category=2, num_per_prompt=3, seed=10)
+    assert len(items) == 24 and [s for _, s in items[:4]] == [10, 11, 12, 13]
+    assert len({p.category for p, _ in items}) == 4
+    accuracy, low, high = accuracy_interval([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
+    assert accuracy == pytest.approx(0.75)  # mean of categories: (0.5 + 1) / 2
+    assert low == pytest.approx(0.75 - 1.959964 * (0.5 / 2) ** 0.5 / 2, rel=1e-5) and high > accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="toy-ar-video is not shipped in this checkout")
+def test_the_shipped_model_reproduces_its_cards_subset_score():
+    from genalign.toy.generators.video_eval import evaluate_video_generator
+
+    card = json.loads((SHIPPED / "card.json").read_text())
+    subset = card["evals"]["subset"]
+    settings = subset["settings"]
+    result = evaluate_video_generator(
+        SHIPPED,
+        settings["split"],
+        per_category=settings["per_category"],
+        num_per_prompt=settings["num_per_prompt"],
+        seed=settings["seed"],
+        steps=settings["num_inference_steps"],
+    )
+    assert result["overall"] == pytest.approx(subset["overall"], abs=1e-6)
+    assert card["size_mb"] < 8
+
+
+def test_the_toy_astrolabe_recipe_runs_a_step_with_the_verifier_as_monitor(small_pipeline, tmp_path):
+    """On the shipped model when present, else on a random model of its layout."""
+    from genalign.cli import main
+
+    model = SHIPPED
+    if not SHIPPED.is_dir():
+        model = tmp_path / "model"
+        small_pipeline.save_pretrained(str(model))
+    recipe = ROOT / "configs" / "toy" / "astrolabe_video.yaml"
+    overrides = [
+        f"model.path={model}",
+        "train.num_steps=1",
+        "train.prompts_per_step=1",
+        "train.group_size=4",
+        "train.minibatch_size=4",
+    ]
+    assert main(["train", str(recipe), f"logging.run_dir={tmp_path}/run", *overrides]) == 0
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["samples"] == 4 and row["param_change"] > 0
+    assert 0.0 <= row["monitor_toy_video_eval"] <= 1.0
+
+
+def test_the_reflow_ode_runs_block_by_block_causally(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_reflow import ode_video_samples, train_captions
+
+    captions = train_captions(2, seed=1)
+    assert len(captions) == 2 and all(isinstance(c, str) and c for c in captions)
+    policy = ARVideoPolicy(small_pipeline)
+    embeds = prompt_embeddings(small_pipeline, captions)
+    noise = torch.randn(2, 4, 8, 12, 12, generator=torch.Generator().manual_seed(0))
+    clean = ode_video_samples(policy, noise, embeds, num_steps=2)
+    changed = noise.clone()
+    changed[:, :, 4:] = 0  # the last two blocks' noise
+    again = ode_video_samples(policy, changed, embeds, num_steps=2)
+    torch.testing.assert_close(again[:, :, :4], clean[:, :, :4])  # earlier blocks never see later ones
+    assert not torch.allclose(again[:, :, 4:], clean[:, :, 4:])
