@@ -27,7 +27,6 @@ from genalign.toy.generators.video_train import (
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY_CLIP = ROOT / "assets" / "models" / "toy-clip"
-SHIPPED = ROOT / "assets" / "models" / "toy-ar-video"
 
 
 @pytest.fixture(scope="module")
@@ -127,33 +126,12 @@ def test_eval_items_and_the_accuracy_interval():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SHIPPED.is_dir(), reason="toy-ar-video is not shipped in this checkout")
-def test_the_shipped_model_reproduces_its_cards_subset_score():
-    from genalign.toy.generators.video_eval import evaluate_video_generator
-
-    card = json.loads((SHIPPED / "card.json").read_text())
-    subset = card["evals"]["subset"]
-    settings = subset["settings"]
-    result = evaluate_video_generator(
-        SHIPPED,
-        settings["split"],
-        per_category=settings["per_category"],
-        num_per_prompt=settings["num_per_prompt"],
-        seed=settings["seed"],
-        steps=settings["num_inference_steps"],
-    )
-    assert result["overall"] == pytest.approx(subset["overall"], abs=1e-6)
-    assert card["size_mb"] < 8
-
-
 def test_the_toy_astrolabe_recipe_runs_a_step_with_the_verifier_as_monitor(small_pipeline, tmp_path):
-    """On the shipped model when present, else on a random model of its layout."""
+    """On a random model of the toy generator's layout (none is shipped yet: docs/astrolabe.md)."""
     from genalign.cli import main
 
-    model = SHIPPED
-    if not SHIPPED.is_dir():
-        model = tmp_path / "model"
-        small_pipeline.save_pretrained(str(model))
+    model = tmp_path / "model"
+    small_pipeline.save_pretrained(str(model))
     recipe = ROOT / "configs" / "toy" / "astrolabe_video.yaml"
     overrides = [
         f"model.path={model}",
