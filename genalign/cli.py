@@ -330,10 +330,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--oracle",
-        choices=("correct", "partial"),
+        choices=("correct", "partial", "mixed"),
         default=None,
-        help="control run: train on the ShapesEval verifier itself (0/1 or fraction of checks), the "
-        "upper bound of what a learned reward could give the recipe",
+        help="control run: train on the ShapesEval verifier itself (0/1, fraction of checks, or 0/1 plus "
+        "half the fraction), the upper bound of what a learned reward could give the recipe",
     )
     p.set_defaults(func=cmd_demo)
 

@@ -15,9 +15,9 @@ The demo (issue #6, DESIGN.md "The offline world") runs in minutes on a CPU, off
    reward and verifier curves, before/after image grids, and a reward-hacking check: did the
    learned reward rise faster than the verifier? ``summary.json`` holds the same numbers.
 
-``oracle="correct"`` or ``"partial"`` (``genalign demo --oracle``) is the control experiment: the
-same recipe trained on the verifier itself (ShapesEval's 0/1 score or its fraction of checks
-passed), which bounds what any learned reward could give this recipe and budget. The report says
+``oracle="correct"``, ``"partial"`` or ``"mixed"`` (``genalign demo --oracle``) is the control
+experiment: the same recipe trained on the verifier itself (ShapesEval's 0/1 score, its fraction
+of checks passed, or the 0/1 score plus half the fraction: :data:`ORACLE_REWARDS`), which bounds what any learned reward could give this recipe and budget. The report says
 so at the top; its hacking check is then void (the reward is the monitor).
 
 The hacking check compares effect sizes: the change of the mean from the first to the last
@@ -29,6 +29,7 @@ the signature of reward hacking.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -59,7 +60,21 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = ROOT / "configs" / "toy" / "demo.yaml"
-ORACLE_MODES = ("correct", "partial")  # ShapesEvalReward(partial=False / True)
+# the verifier as the reward of an oracle run: (reward name, kwargs) per mode
+ORACLE_REWARDS = {
+    "correct": ("shapes_eval", {"partial": False}),  # GenEval's 0/1
+    "partial": ("shapes_eval", {"partial": True}),  # the fraction of checks passed
+    "mixed": (  # 0/1 plus half the fraction: ties among wrong samples broken by how close they came
+        "ensemble",
+        {
+            "members": [
+                {"name": "shapes_eval", "key": "correct", "weight": 1.0, "kwargs": {"partial": False}},
+                {"name": "shapes_eval", "key": "partial", "weight": 0.5, "kwargs": {"partial": True}},
+            ]
+        },
+    ),
+}
+ORACLE_MODES = tuple(ORACLE_REWARDS)
 ORACLE_VERDICT = "void: the reward is the verifier (oracle run)"
 # re-exported: benchmarks and older callers import these from the demo
 __all__ = [
@@ -240,6 +255,14 @@ def demo_summary(
     return summary
 
 
+def _trains_on_the_verifier(name: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a reward spec is, or holds as an ensemble member, the ShapesEval verifier."""
+    members = kwargs.get("members", []) if name == "ensemble" else []
+    return name == "shapes_eval" or any(
+        isinstance(m, dict) and m.get("name") == "shapes_eval" for m in members
+    )
+
+
 def _trained_on(config: Any, oracle: str | None) -> str:
     if oracle is None:
         return (
@@ -395,9 +418,9 @@ def run_demo(
         if oracle not in ORACLE_MODES:
             raise ValueError(f"oracle must be one of {ORACLE_MODES}, got {oracle!r}")
         config.name = f"{config.name}-oracle-{oracle}"
-        config.reward.name = "shapes_eval"
-        config.reward.kwargs = {"partial": oracle == "partial"}
-    elif config.reward.name == "shapes_eval":
+        config.reward.name, kwargs = ORACLE_REWARDS[oracle]
+        config.reward.kwargs = copy.deepcopy(kwargs)
+    elif _trains_on_the_verifier(config.reward.name, config.reward.kwargs):
         raise ValueError(
             "the demo trains on a learned reward; shapes_eval is the verifier it is checked against "
             "(--oracle trains on it on purpose, as a control)"

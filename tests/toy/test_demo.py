@@ -309,7 +309,35 @@ def test_the_demo_refuses_the_verifier_as_reward_unless_asked_for_an_oracle_run(
         run_demo(DEFAULT_RECIPE, overrides)
     with pytest.raises(ValueError, match="oracle must be one of"):
         run_demo(DEFAULT_RECIPE, [f"logging.run_dir={tmp_path / 'demo'}"], oracle="verifier")
+    hidden = [  # the verifier inside an ensemble is the verifier too
+        "reward.name=ensemble",
+        "reward.kwargs={members: [{name: shapes_eval}, {name: jpeg_compressibility}]}",
+        f"logging.run_dir={tmp_path / 'demo'}",
+    ]
+    with pytest.raises(ValueError, match="shapes_eval is the verifier"):
+        run_demo(DEFAULT_RECIPE, hidden)
     assert not (tmp_path / "demo").exists()
+
+
+def test_the_mixed_oracle_scores_correct_plus_half_the_fraction_of_checks():
+    import numpy as np
+
+    from genalign.rewards import load_reward
+    from genalign.toy.demo import ORACLE_REWARDS
+    from genalign.toy.prompts import rl_train_prompts, scene_for_spec
+    from genalign.toy.scenes import render_scenes
+
+    name, kwargs = ORACLE_REWARDS["mixed"]
+    mixed = load_reward(name, **kwargs)
+    specs = rl_train_prompts()[:6]
+    rng = np.random.default_rng(0)
+    right = render_scenes([scene_for_spec(p, rng) for p in specs], 48).float()
+    wrong = right.roll(1, dims=0)  # each image shows another prompt's scene
+    images, captions = torch.cat([right, wrong]), [p.caption for p in specs] * 2
+    fraction = load_reward("shapes_eval", partial=True)(images, captions).scores
+    correct = load_reward("shapes_eval")(images, captions).scores
+    assert correct[:6].tolist() == [1.0] * 6 and correct[6:].sum() < 6
+    assert torch.allclose(mixed(images, captions).scores, correct + 0.5 * fraction)
 
 
 @pytest.mark.slow
