@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     overrides = [f"name={args.name}", f"logging.run_dir={args.out}/runs/{{name}}", "logging.sample_every=0"]
     overrides += ["logging.progress=false"] + _prompt_overrides(args.prompts)
     if args.oracle:
-        overrides += [
-            "reward.name=shapes_eval",
-            f"reward.kwargs={json.dumps({'partial': args.oracle == 'partial'})}",
-        ]
+        from genalign.toy.demo import ORACLE_REWARDS
+
+        name, kwargs = ORACLE_REWARDS[args.oracle]
+        overrides += [f"reward.name={name}", f"reward.kwargs={json.dumps(kwargs)}"]
     overrides += list(args.overrides)
     config = load_recipe(args.recipe, overrides)
     torch.manual_seed(config.train.seed)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default=str(ROOT / "configs" / "toy" / "demo.yaml"))
     parser.add_argument("--prompts", default="rl_train", help="a caption, rl_train, or a prompt file")
     parser.add_argument(
-        "--oracle", choices=["correct", "partial"], default=None, help="train on the verifier"
+        "--oracle", choices=["correct", "partial", "mixed"], default=None, help="train on the verifier"
     )
     parser.add_argument("--eval-images", type=int, default=64)
     parser.add_argument("--eval-seed", type=int, default=0)
