@@ -27,12 +27,14 @@ import torch
 
 from genalign.sampling.self_forcing import self_forcing_timesteps, uniform_denoising_steps
 from genalign.toy.generators.train import ema_warmup, finish_training
-from genalign.toy.generators.video_train import NUM_TRAIN_TIMESTEPS, diffusion_forcing_loss, prompt_embeddings
+from genalign.toy.generators.video_train import (
+    NUM_TRAIN_TIMESTEPS,
+    diffusion_forcing_loss,
+    prompt_embeddings,
+    transformer_optimisation,
+)
 from genalign.toy.training import (
-    ParameterEMA,
     TrainingLog,
-    adamw_warmup_cosine,
-    averaged_modules,
     load_averages,
     optimise,
 )
@@ -120,13 +122,11 @@ def train_reflow(
     pipe, transformer = policy.pipeline, policy.denoiser
     noise, x0, embeds = reflow_pairs(policy, train_captions(num_videos, seed + 7000), seed, ode_steps)
     transformer.requires_grad_(True)
-    params = list(transformer.parameters())
-    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=100)
-    ema = ParameterEMA(params, ema_decay)
-    (averaged,) = averaged_modules(ema, [transformer])
+    params, optimizer, scheduler, ema, averaged = transformer_optimisation(
+        transformer, lr, steps, ema_decay, 100
+    )
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video reflow")
-    transformer.train()
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(x0), (batch_size,), generator=generator)

@@ -119,6 +119,18 @@ def prompt_embeddings(pipe, captions: Sequence[str], batch_size: int = 256) -> t
     return torch.cat(chunks)
 
 
+def transformer_optimisation(transformer, lr: float, steps: int, ema_decay: float, max_warmup: int):
+    """The transformer's training state, shared by the first stage and the reflow: its parameters,
+    AdamW with warm-up and cosine decay (weight decay 0.01), their EMA and the module that holds
+    the averages. Puts the transformer in training mode."""
+    params = list(transformer.parameters())
+    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=max_warmup)
+    ema = ParameterEMA(params, ema_decay)
+    (averaged,) = averaged_modules(ema, [transformer])
+    transformer.train()
+    return params, optimizer, scheduler, ema, averaged
+
+
 def train_ar_video(
     vae,
     clip_text: str | Path,
@@ -154,13 +166,11 @@ def train_ar_video(
     latents = video_latents(vae, videos)  # (N, C, F, h, w), standardised
     embeds = prompt_embeddings(pipe, captions)  # (N, L, D)
     del videos
-    params = list(transformer.parameters())
-    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=200)
-    ema = ParameterEMA(params, ema_decay)
-    (averaged,) = averaged_modules(ema, [transformer])
+    params, optimizer, scheduler, ema, averaged = transformer_optimisation(
+        transformer, lr, steps, ema_decay, 200
+    )
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video")
-    transformer.train()
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(latents), (batch_size,), generator=generator)
