@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,17 @@ from genalign.trainers.ema import ParameterEMA
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AveragedTraining",
     "ParameterEMA",
     "TrainingLog",
     "adamw_warmup_cosine",
     "averaged_modules",
+    "ema_warmup",
     "folder_megabytes",
     "load_averages",
     "optimise",
     "parameter_count",
+    "snapshots",
     "step_schedule",
     "torch_threads",
     "training_progress",
@@ -198,3 +202,80 @@ def optimise(
             logger.info("[%s] stopping at step %d: %s minutes", log.name, done, max_minutes)
             break
     return done
+
+
+def ema_warmup(decay: float) -> Callable[[int], float]:
+    """The EMA decay of step ``k``: ``min(decay, (1 + k) / (10 + k))``, so early averages forget
+    the random initialisation quickly (the warm-up of TensorFlow's ExponentialMovingAverage)."""
+    return lambda step: min(decay, (1 + step) / (10 + step))
+
+
+@dataclass
+class AveragedTraining:
+    """The training state the toy generators' recipes share: AdamW with warm-up and cosine decay
+    (:func:`adamw_warmup_cosine`) on the trainable parameters of ``modules``, an EMA of all their
+    parameters, and frozen copies of the modules that hold the averages (what the recipes save).
+
+    Build it with :meth:`of`, train with :meth:`run`, read the averages with :meth:`averages`.
+    """
+
+    modules: list[torch.nn.Module]
+    params: list[torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: ParameterEMA
+    averaged: list[torch.nn.Module]
+    ema_decay: Callable[[int], float] | None
+
+    @classmethod
+    def of(
+        cls,
+        modules: Sequence[torch.nn.Module],
+        lr: float,
+        steps: int,
+        ema_decay: float,
+        max_warmup: int,
+        weight_decay: float = 0.01,
+        warm_ema: bool = True,
+    ) -> AveragedTraining:
+        """``warm_ema``: the decay follows :func:`ema_warmup` (else it stays ``ema_decay``)."""
+        modules = list(modules)
+        params = [p for m in modules for p in m.parameters() if p.requires_grad]
+        optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay, max_warmup)
+        ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
+        averaged = averaged_modules(ema, modules)
+        return cls(
+            modules, params, optimizer, scheduler, ema, averaged, ema_warmup(ema_decay) if warm_ema else None
+        )
+
+    def run(
+        self,
+        loss_fn: Callable[[int], torch.Tensor],
+        steps: int,
+        log: TrainingLog,
+        max_minutes: float | None = None,
+        after_step: Callable[[int], None] | None = None,
+    ) -> int:
+        """:func:`optimise` with this state; returns the number of steps done."""
+        return optimise(
+            loss_fn, self.params, self.optimizer, self.scheduler, steps, log, self.ema, self.ema_decay,
+            max_minutes, after_step,
+        )  # fmt: skip
+
+    def averages(self) -> list[torch.nn.Module]:
+        """The frozen copies, refreshed with the current averages."""
+        return load_averages(self.ema, self.averaged)
+
+
+def snapshots(
+    out: str | Path | None, every: int | None, save: Callable[[Path, int], object]
+) -> Callable[[int], None]:
+    """An ``after_step`` callback for :func:`optimise`: ``save(out / "snapshot", steps done)`` every
+    ``every`` steps (nothing when ``out`` or ``every`` is unset), so a long run can be evaluated
+    while it trains."""
+
+    def snapshot(done: int) -> None:
+        if every and out is not None and done % every == 0:
+            save(Path(out) / "snapshot", done)
+
+    return snapshot

@@ -21,15 +21,8 @@ from genalign.toy.generators.build import (
     toy_tokenizer,
 )
 from genalign.toy.generators.data import captioned_latents, encode_latents, toy_dataset
-from genalign.toy.generators.train import ema_warmup, finish_training
-from genalign.toy.training import (
-    ParameterEMA,
-    TrainingLog,
-    adamw_warmup_cosine,
-    averaged_modules,
-    load_averages,
-    optimise,
-)
+from genalign.toy.generators.train import finish_training
+from genalign.toy.training import AveragedTraining, TrainingLog, snapshots
 
 SD3_T5_TOKENS = 256  # StableDiffusion3Pipeline.encode_prompt's default max_sequence_length
 
@@ -148,10 +141,8 @@ def train_flow(
     joint = transformer.config.joint_attention_dim
     data = captioned_latents((raw - vae.config.shift_factor) * vae.config.scaling_factor, tokenizer, captions)
     modules = [*encoders, transformer]
-    params = [p for m in modules for p in m.parameters() if p.requires_grad]
-    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=200)
-    ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
-    averaged = averaged_modules(ema, modules)  # before the training-only attention processor below
+    # the averaged copies are taken before the training-only attention processor below
+    training = AveragedTraining.of(modules, lr, steps, ema_decay, max_warmup=200)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-flow")
     start = time.time()
@@ -172,19 +163,12 @@ def train_flow(
         ).sample
         return F.mse_loss(velocity, noise - z0)  # conditional flow matching
 
-    def save(averages: Sequence[torch.nn.Module], done: int, folder) -> tuple[Any, dict[str, Any]]:
-        pipe, parameters = _flow_pipeline(vae, tokenizer, *averages)
+    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
+        pipe, parameters = _flow_pipeline(vae, tokenizer, *training.averages())
         return finish_training(pipe, parameters, done, log, start, folder)
 
-    def snapshot(done: int) -> None:
-        if snapshot_every and out is not None and done % snapshot_every == 0:
-            save(load_averages(ema, averaged), done, Path(out) / "snapshot")
-
-    ema_schedule = ema_warmup(ema_decay)
-    done = optimise(
-        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_schedule, max_minutes, snapshot
-    )
-    return save(load_averages(ema, averaged), done, out)
+    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
+    return save(out, done)
 
 
 def _flow_pipeline(vae, tokenizer, encoder_1, encoder_2, transformer) -> tuple[Any, dict[str, Any]]:

@@ -30,13 +30,12 @@ from genalign.toy.generators.build import (
 )
 from genalign.toy.generators.data import captioned_latents, encode_latents, to_model_range, toy_dataset
 from genalign.toy.training import (
-    ParameterEMA,
+    AveragedTraining,
     TrainingLog,
     adamw_warmup_cosine,
-    averaged_modules,
-    load_averages,
     optimise,
     parameter_count,
+    snapshots,
 )
 
 SD_BETAS = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear"}
@@ -207,11 +206,7 @@ def train_sd(
     )
     alphas_cumprod = DDPMScheduler(**SD_BETAS, clip_sample=False).alphas_cumprod
     timestep_weights = None if v_weight_cap is None else v_loss_timestep_weights(alphas_cumprod, v_weight_cap)
-    modules = [text_encoder, unet]
-    params = [p for p in (*text_encoder.parameters(), *unet.parameters()) if p.requires_grad]
-    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=200)
-    ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
-    averaged = averaged_modules(ema, modules)
+    training = AveragedTraining.of([text_encoder, unet], lr, steps, ema_decay, max_warmup=200)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-sd")
     start = time.time()
@@ -230,21 +225,9 @@ def train_sd(
         prediction = unet(zt, t, encoder_hidden_states=text_encoder(tokens)[0]).sample
         return F.mse_loss(prediction, noise)  # L_simple
 
-    def snapshot(done: int) -> None:
-        if snapshot_every and out is not None and done % snapshot_every == 0:
-            save(load_averages(ema, averaged), done, Path(out) / "snapshot")
-
-    ema_schedule = ema_warmup(ema_decay)
-    done = optimise(
-        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_schedule, max_minutes, snapshot
-    )
-    return save(load_averages(ema, averaged), done, out)
-
-
-def ema_warmup(decay: float):
-    """The EMA decay of step ``k``: ``min(decay, (1 + k) / (10 + k))``, so early averages forget
-    the random initialisation quickly (the warm-up of TensorFlow's ExponentialMovingAverage)."""
-    return lambda step: min(decay, (1 + step) / (10 + step))
+    snapshot = snapshots(out, snapshot_every, lambda folder, done: save(training.averages(), done, folder))
+    done = training.run(loss_fn, steps, log, max_minutes, snapshot)
+    return save(training.averages(), done, out)
 
 
 def _sd_modules(
@@ -376,15 +359,15 @@ def train_lcm(
     latents = encode_latents(vae, images) * vae.config.scaling_factor
     table, caption_index, empty = _caption_table(text_encoder, tokenizer, captions)
     student = _lcm_student(teacher_unet, time_cond_proj_dim)
-    ema = ParameterEMA(student.parameters(), ema_decay)  # theta^-
-    (target,) = averaged_modules(ema, [student])
+    # theta^-: the EMA of the student (constant decay), refreshed after every step
+    training = AveragedTraining.of(
+        [student], lr, steps, ema_decay, max_warmup=100, weight_decay=0.0, warm_ema=False
+    )
+    (target,) = training.averaged
 
     alphas_cumprod = teacher.scheduler.alphas_cumprod.float()
     skip = len(alphas_cumprod) // num_ddim_timesteps
     ddim_timesteps = torch.arange(1, num_ddim_timesteps + 1) * skip - 1  # t_1 .. t_N (as LCMScheduler)
-    optimizer, scheduler = adamw_warmup_cosine(
-        student.parameters(), lr, steps, weight_decay=0.0, max_warmup=100
-    )
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-lcm")
     start = time.time()
@@ -414,12 +397,9 @@ def train_lcm(
         return F.mse_loss(f_student, f_target)
 
     def refresh_target(done: int) -> None:
-        load_averages(ema, [target])  # theta^- <- mu theta^- + (1 - mu) theta, as averaged
+        training.averages()  # theta^- <- mu theta^- + (1 - mu) theta, as averaged
 
-    parameters = list(student.parameters())
-    done = optimise(
-        loss_fn, parameters, optimizer, scheduler, steps, log, ema, None, max_minutes, refresh_target
-    )
+    done = training.run(loss_fn, steps, log, max_minutes, refresh_target)
     lcm_scheduler = LCMScheduler(
         **SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1,
         original_inference_steps=num_ddim_timesteps, timestep_scaling=10.0,

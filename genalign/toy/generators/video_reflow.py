@@ -26,18 +26,13 @@ import numpy as np
 import torch
 
 from genalign.sampling.self_forcing import self_forcing_timesteps, uniform_denoising_steps
-from genalign.toy.generators.train import ema_warmup, finish_training
+from genalign.toy.generators.train import finish_training
 from genalign.toy.generators.video_train import (
     NUM_TRAIN_TIMESTEPS,
     diffusion_forcing_loss,
     prompt_embeddings,
-    transformer_optimisation,
 )
-from genalign.toy.training import (
-    TrainingLog,
-    load_averages,
-    optimise,
-)
+from genalign.toy.training import AveragedTraining, TrainingLog
 from genalign.toy.video.captions import VIDEO_CATEGORIES
 from genalign.toy.video.prompts import video_prompts_for
 from genalign.toy.video.scenes import NUM_FRAMES, VIDEO_SIZE
@@ -122,9 +117,8 @@ def train_reflow(
     pipe, transformer = policy.pipeline, policy.denoiser
     noise, x0, embeds = reflow_pairs(policy, train_captions(num_videos, seed + 7000), seed, ode_steps)
     transformer.requires_grad_(True)
-    params, optimizer, scheduler, ema, averaged = transformer_optimisation(
-        transformer, lr, steps, ema_decay, 100
-    )
+    training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=100)
+    transformer.train()
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video reflow")
 
@@ -132,10 +126,8 @@ def train_reflow(
         index = torch.randint(len(x0), (batch_size,), generator=generator)
         return diffusion_forcing_loss(transformer, x0[index], embeds[index], generator, noise=noise[index])
 
-    done = optimise(
-        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_warmup(ema_decay), max_minutes
-    )
-    (average,) = load_averages(ema, [averaged])
+    done = training.run(loss_fn, steps, log, max_minutes)
+    (average,) = training.averages()
     pipe.transformer = average
     pipe.register_modules(transformer=average)
     parameters = {"transformer": average, "text_encoder": pipe.text_encoder, "vae": pipe.vae}

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from genalign.toy.generators.build import clip_text_encoder
-from genalign.toy.generators.train import ema_warmup, finish_training
+from genalign.toy.generators.train import finish_training
 from genalign.toy.generators.video import (
     VIDEO_TOKEN_LENGTH,
     build_video_transformer,
@@ -35,14 +35,7 @@ from genalign.toy.generators.video import (
     video_pipeline,
     video_tokenizer,
 )
-from genalign.toy.training import (
-    ParameterEMA,
-    TrainingLog,
-    adamw_warmup_cosine,
-    averaged_modules,
-    load_averages,
-    optimise,
-)
+from genalign.toy.training import AveragedTraining, TrainingLog, snapshots
 from genalign.toy.video.data import toy_video_dataset
 
 NUM_TRAIN_TIMESTEPS = 1000
@@ -119,18 +112,6 @@ def prompt_embeddings(pipe, captions: Sequence[str], batch_size: int = 256) -> t
     return torch.cat(chunks)
 
 
-def transformer_optimisation(transformer, lr: float, steps: int, ema_decay: float, max_warmup: int):
-    """The transformer's training state, shared by the first stage and the reflow: its parameters,
-    AdamW with warm-up and cosine decay (weight decay 0.01), their EMA and the module that holds
-    the averages. Puts the transformer in training mode."""
-    params = list(transformer.parameters())
-    optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay=0.01, max_warmup=max_warmup)
-    ema = ParameterEMA(params, ema_decay)
-    (averaged,) = averaged_modules(ema, [transformer])
-    transformer.train()
-    return params, optimizer, scheduler, ema, averaged
-
-
 def train_ar_video(
     vae,
     clip_text: str | Path,
@@ -166,9 +147,8 @@ def train_ar_video(
     latents = video_latents(vae, videos)  # (N, C, F, h, w), standardised
     embeds = prompt_embeddings(pipe, captions)  # (N, L, D)
     del videos
-    params, optimizer, scheduler, ema, averaged = transformer_optimisation(
-        transformer, lr, steps, ema_decay, 200
-    )
+    training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=200)
+    transformer.train()
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video")
 
@@ -177,16 +157,10 @@ def train_ar_video(
         return diffusion_forcing_loss(transformer, latents[index], embeds[index], generator)
 
     def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
-        (average,) = load_averages(ema, [averaged])
+        (average,) = training.averages()
         saved = video_pipeline(vae, text_encoder, tokenizer, average)
         parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
         return finish_training(saved, parameters, done, log, start, folder)
 
-    def snapshot(done: int) -> None:
-        if snapshot_every and out is not None and done % snapshot_every == 0:
-            save(Path(out) / "snapshot", done)
-
-    done = optimise(
-        loss_fn, params, optimizer, scheduler, steps, log, ema, ema_warmup(ema_decay), max_minutes, snapshot
-    )
+    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
     return save(out, done)
