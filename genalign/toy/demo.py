@@ -35,6 +35,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -446,7 +447,8 @@ def run_demo(
     def periodic(trainer_: Any, step: int, metrics: dict[str, Any]) -> None:
         done = step + 1
         if eval_every and done % eval_every == 0 and done < config.train.num_steps:
-            result, _ = evaluate_policy(trainer_.policy, item_sets[HEADLINE], sampling)
+            with exported_weights(trainer_):
+                result, _ = evaluate_policy(trainer_.policy, item_sets[HEADLINE], sampling)
             metrics["rl_heldout_shapes_eval"] = result["overall"]
             curve.append((done, result["overall"]))
 
@@ -456,7 +458,8 @@ def run_demo(
         raise DemoInterrupted(trainer.step, config.train.num_steps, int(trainer.interrupted))
     evaluations: dict[str, SetEvaluation] = {}
     for name, items in item_sets.items():
-        after, images_after = evaluate_policy(trainer.policy, items, sampling)
+        with exported_weights(trainer):  # what final/ holds: the EMA with train.ema_decay
+            after, images_after = evaluate_policy(trainer.policy, items, sampling)
         keep = name in (HEADLINE, "rl_train")  # the grid shows the headline; rl_train is re-scored
         evaluations[name] = SetEvaluation(
             name,
@@ -485,6 +488,12 @@ def run_demo(
         trainer.run_dir, config, history, evaluations, hacking, curve, seconds, oracle, leaks
     )
     return DemoResult(trainer.run_dir, report, evaluations, hacking, curve, seconds, oracle, leaks)
+
+
+def exported_weights(trainer: Any) -> AbstractContextManager[None]:
+    """The trainer's policy holds the weights it exports while this is open: the EMA of the trained
+    weights when the recipe keeps one (``train.ema_decay``), else the trained weights themselves."""
+    return trainer.ema.swapped(trainer.parameters) if trainer.ema is not None else nullcontext()
 
 
 def trained_on_evaluation_prompts(training_prompts: Sequence[str]) -> dict[str, int]:

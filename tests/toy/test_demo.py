@@ -15,6 +15,7 @@ from genalign.toy.captions import CATEGORIES
 from genalign.toy.demo import (
     DEFAULT_RECIPE,
     HackingCheck,
+    exported_weights,
     hacking_check,
     heldout_eval_set,
     trained_on_evaluation_prompts,
@@ -259,6 +260,24 @@ def test_evaluate_policy_is_reproducible(tmp_path, monkeypatch):
     assert images.shape[0] == len(items)
     assert set(result["per_category"]) == {p.category for p, _ in items}
     assert result["overall"] == again["overall"]
+
+
+def test_the_demo_evaluates_the_weights_it_exports():
+    """With ``train.ema_decay`` the after-evaluation reads the EMA (what ``final/`` holds), and the
+    trained weights come back afterwards; without it, the trained weights."""
+    from genalign.trainers.ema import ParameterEMA
+
+    weight = torch.nn.Parameter(torch.zeros(3))
+    ema = ParameterEMA([weight], decay=0.5)
+    with torch.no_grad():
+        weight.fill_(2.0)
+    ema.step([weight])  # average 0.5 * 0 + 0.5 * 2 = 1
+    trainer = SimpleNamespace(ema=ema, parameters=[weight])
+    with exported_weights(trainer):
+        assert torch.equal(weight.detach(), torch.ones(3))
+    assert torch.equal(weight.detach(), torch.full((3,), 2.0))
+    with exported_weights(SimpleNamespace(ema=None, parameters=[weight])):
+        assert torch.equal(weight.detach(), torch.full((3,), 2.0))
 
 
 @pytest.mark.slow
