@@ -165,6 +165,16 @@ def test_the_reward_gets_each_samples_mos_and_advantages_are_uncertainty_aware(t
     # parsed scores 4, 2, 5: population variance 14/9 -> weight exp(-0.2 * 14/36)
     assert batch.metrics["ua_weight_mean"] == pytest.approx(math.exp(-0.2 * 14 / 36), rel=1e-6)
     assert batch.details["answer_unparsed"] == 2.0
+    # the accuracy term alone, by group: its population std, and no group without variance
+    accuracy = torch.tensor(
+        [math.exp(-abs(a - m) / 0.3) if a else 0.0 for a, m in zip([4.0, 2.0, 5.0, None] * 2, mos.tolist())]
+    )
+    stds = [float(accuracy[g * 4 : g * 4 + 4].std(unbiased=False)) for g in range(2)]
+    assert batch.metrics["accuracy_group_std"] == pytest.approx(sum(stds) / 2, rel=1e-5)
+    assert batch.metrics["accuracy_zero_variance_groups"] == 0.0
+    parsed_stds = [float(accuracy[g * 4 : g * 4 + 3].std(unbiased=False)) for g in range(2)]
+    assert batch.metrics["accuracy_parsed_group_std"] == pytest.approx(sum(parsed_stds) / 2, rel=1e-5)
+    assert batch.metrics["answer_identical_groups"] == 0.0  # 4, 2, 5 in each group
 
     trainer.strategy.config.q_hawkeye.uncertainty = False  # the ablation: plain GRPO advantages
     trainer.strategy.assign_advantages(batch, trainer.rollout_context())
@@ -319,3 +329,25 @@ def test_frozen_prefixes_get_no_update_and_a_typo_is_named(tmp_path):
         load_recipe(
             TOY, ["model.frozen=[model.vision_tower]", "model.lora={rank: 2, target_modules: [q_proj]}"]
         )
+
+
+def test_accuracy_signal_separates_the_mos_signal_from_parse_failures():
+    from genalign.trainers.strategies.q_hawkeye import accuracy_signal
+
+    nan = float("nan")
+    # group 0: three identical answers and a parse failure; group 1: answers 3, 2, 2 and a failure
+    scores = torch.tensor([4.0, 4.0, nan, 4.0, 3.0, 2.0, 2.0, nan])
+    accuracy = torch.tensor([0.5, 0.5, 0.0, 0.5, 0.9, 0.3, 0.3, 0.0])
+    out = accuracy_signal(accuracy, scores, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
+    assert out["accuracy_zero_variance_groups"] == 0.0  # the failures' 0 give every group variance
+    every = (
+        torch.tensor([0.5, 0.5, 0.0, 0.5]).std(unbiased=False)
+        + torch.tensor([0.9, 0.3, 0.3, 0.0]).std(unbiased=False)
+    ) / 2
+    assert out["accuracy_group_std"] == pytest.approx(float(every), rel=1e-6)
+    assert out["accuracy_parsed_group_std"] == pytest.approx(
+        float(torch.tensor([0.9, 0.3, 0.3]).std(unbiased=False)) / 2, rel=1e-6
+    )
+    assert out["answer_identical_groups"] == 0.5
+    none = accuracy_signal(torch.zeros(2), torch.tensor([nan, nan]), torch.tensor([0, 0]))
+    assert math.isnan(none["answer_identical_groups"]) and none["accuracy_zero_variance_groups"] == 1.0

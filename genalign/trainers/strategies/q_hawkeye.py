@@ -17,8 +17,11 @@ judge is shown an image with the IQA question and samples G completions
    (:func:`genalign.algorithms.q_hawkeye.uncertainty_aware_advantages`; without the weight when
    ``train.q_hawkeye.uncertainty`` is false), clipped to ``train.advantage_clip``.
 
-Metrics: ``reward_answer_unparsed`` (completions without a parsable score over all processes) and
-``ua_weight_mean`` (the mean uncertainty weight, logged also when the weight is off).
+Metrics: ``reward_answer_unparsed`` (completions without a parsable score over all processes),
+``ua_weight_mean`` (the mean uncertainty weight, logged also when the weight is off), and the
+learning signal the MOS carries apart from the format (:func:`accuracy_signal`):
+``accuracy_group_std``, ``accuracy_zero_variance_groups``, ``accuracy_parsed_group_std`` and
+``answer_identical_groups``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 from genalign.algorithms import (
     clip_advantages,
+    group_reward_statistics,
     parse_answer_score,
     score_uncertainty_weights,
     uncertainty_aware_advantages,
@@ -39,7 +43,7 @@ from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, rollout_indexed_groups
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 
-__all__ = ["QHawkeyeStrategy", "QualityRolloutBatch"]
+__all__ = ["QHawkeyeStrategy", "QualityRolloutBatch", "accuracy_signal"]
 
 POOL_COLUMNS = ("images", "degraded_images", "mos")
 
@@ -50,6 +54,41 @@ class QualityRolloutBatch(RolloutBatch):
     score (NaN: none), for the uncertainty weight."""
 
     global_scores: torch.Tensor | None = None
+
+
+def accuracy_signal(
+    accuracy: torch.Tensor, scores: torch.Tensor, group_ids: torch.Tensor
+) -> dict[str, float]:
+    """How much of a step's group-relative signal is about the MOS, not the format.
+
+    Args:
+        accuracy: ``[B]`` the ``iqa_answer`` reward's accuracy term (0 where no score parses).
+        scores: ``[B]`` each completion's parsed score (NaN: none).
+        group_ids: ``[B]`` each completion's group (one image).
+
+    Returns:
+        ``accuracy_group_std`` and ``accuracy_zero_variance_groups`` over all completions (a parse
+        failure's 0 counts, so a group with one failure has variance); ``accuracy_parsed_group_std``
+        over parsed completions only, and ``answer_identical_groups``: the fraction of groups with a
+        parsed answer whose parsed scores are all equal (no accuracy signal left once the format
+        is right). NaN for the parsed ones when nothing parses.
+    """
+    every = group_reward_statistics(accuracy, group_ids)
+    out = {
+        "accuracy_group_std": every["group_reward_std"],
+        "accuracy_zero_variance_groups": every["zero_variance_groups"],
+    }
+    parsed = torch.isfinite(scores)
+    if parsed.any():
+        out["accuracy_parsed_group_std"] = group_reward_statistics(accuracy[parsed], group_ids[parsed])[
+            "group_reward_std"
+        ]
+        out["answer_identical_groups"] = group_reward_statistics(scores[parsed], group_ids[parsed])[
+            "zero_variance_groups"
+        ]
+    else:
+        out["accuracy_parsed_group_std"] = out["answer_identical_groups"] = float("nan")
+    return out
 
 
 @STRATEGIES.register("q_hawkeye")
@@ -91,13 +130,25 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         )
         trajectory.extras.update(self.degraded_inputs(context, trajectory, metadata["degraded_images"]))
         mos = torch.as_tensor(metadata["mos"], dtype=torch.float32)
-        rewards, details = context.score(trajectory, mos=mos.to(context.device))
+        rewards, details, per_sample = context.score_per_sample(trajectory, mos=mos.to(context.device))
         parsed = [parse_answer_score(text, signed=True) for text in trajectory.completions]
         scores = torch.tensor([float("nan") if p is None else p for p in parsed], dtype=torch.float32)
         global_scores = context.gather(scores.to(context.device)).cpu()
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
+        metrics = {}
+        if "accuracy" in per_sample:  # the iqa_answer reward: is there a signal beyond the format?
+            accuracy = context.gather(per_sample["accuracy"]).cpu()
+            metrics = accuracy_signal(accuracy, global_scores, group_ids)
         return QualityRolloutBatch.of_groups(
-            context, trajectory, rewards, details, rows, prompts, group_ids, global_scores=global_scores
+            context,
+            trajectory,
+            rewards,
+            details,
+            rows,
+            prompts,
+            group_ids,
+            metrics=metrics,
+            global_scores=global_scores,
         )
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
