@@ -8,9 +8,10 @@ advantage for both policies) and they differ only by ``train.prompt_rewrite.trai
 - ``joint``: ``both`` (PromptRL);
 - ``generator-only``: ``generator``, the rewriter frozen: GRPO of the generator alone (PPO-clip
   1e-4, KL 0.01) on the frozen rewriter's rewrites. The paper's "flow-only" baseline trains a flow
-  model; here the generator is toy-sd (the sd family, DDIM eta 1 for the SDE steps), because
-  the toy-flow of the time passed ShapesEval on ~1% of its samples (the retrained one, 39.8% on
-  train prompts, is not compared yet);
+  model; the default recipe's generator is toy-sd (the sd family, DDIM eta 1 for the SDE steps),
+  set when the toy-flow of the time passed ShapesEval on ~1% of its samples;
+  ``--recipe configs/toy/promptrl_flow.yaml`` runs the same arms on the retrained toy-flow (flow SDE
+  on the first 6 of 10 steps, guidance 4.5, Flow-GRPO on a LoRA), where this arm is flow-only GRPO;
 - ``lm-only``: ``rewriter``, the generator frozen (and sampled by ODE during training, UniRL's
   prompt-only trainer).
 
@@ -26,7 +27,7 @@ inference runs it, the same in all three arms: the arm's current rewriter (froze
 ``generator-only``) writes one completion of the recipe's template with the recipe's language
 sampling (temperature 1.0 unless ``--rewrite-temperature``) from the item's fixed seed; the refined
 prompt is the last ``<answer>`` (else the paraphrase itself, the recipe's ``fallback``); the arm's
-current generator draws it with the recipe's sampling (10 steps, the first 6 DDIM eta 1, guidance 2)
+current generator draws it with the recipe's sampling (toy-sd: 10 steps, the first 6 DDIM eta 1, guidance 2)
 from the same seed; ShapesEval scores it against the paraphrase's canonical spec
 (``genalign.toy.evaluation.evaluate_policy``). Also recorded: the fraction of rewrites that are the
 exact canonical caption, and, once, two references with the initial generator: the raw paraphrase
@@ -39,6 +40,8 @@ reach the generator-only arm's final mean score, linearly interpolated on its me
 
     OMP_NUM_THREADS=1 python benchmarks/promptrl_toy.py --seeds 0 --budget 1024 --out runs/prl/seed0
     python benchmarks/promptrl_toy.py --from-csv runs/prl/seed{0,1,2}/results.csv --out runs/prl/merged
+    OMP_NUM_THREADS=1 python benchmarks/promptrl_toy.py --recipe configs/toy/promptrl_flow.yaml \
+        --seeds 0 --budget 512 --eval-every 256 --eval-images-per-category 12 --out runs/prl-flow/seed0
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Recipe (``assets/models/toy-rewriter/README.md`` records the exact commands)::
     genalign train configs/toy/rewriter_sft.yaml
     python -m genalign.toy.rewriter card --model runs/toy-rewriter-sft/final --out assets/models/toy-rewriter
     python -m genalign.toy.rewriter gap --images 216     # toy-sd on canonical vs paraphrased captions
+    python -m genalign.toy.rewriter gap --family flow    # toy-flow, as configs/toy/promptrl_flow.yaml samples
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ __all__ = ["generator_gap", "rewriter_pool", "rewriter_rates", "build_rewriter",
 REWRITER_DIR = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-rewriter"
 SIZE_BUDGET_BYTES = 4_000_000
 GAP_SAMPLING = {"num_inference_steps": 10, "guidance_scale": 2.0, "eta": 1.0}
+# toy-flow as configs/toy/promptrl_flow.yaml samples it: 10 steps, flow SDE (noise level 0.7) on the
+# first 6 and the ODE after, guidance 4.5 (the flow-family sample_efficiency.py comparison's)
+FLOW_GAP_SAMPLING = {
+    "num_inference_steps": 10,
+    "guidance_scale": 4.5,
+    "mode": "sde",
+    "noise_level": 0.7,
+    "num_sde_steps": 6,
+}
+GAP_DEFAULTS = {
+    "sd": ("assets/models/toy-sd", GAP_SAMPLING),
+    "flow": ("assets/models/toy-flow", FLOW_GAP_SAMPLING),
+}
 
 
 def answer(caption: str) -> str:
@@ -164,17 +178,28 @@ def _score_interval(result: dict[str, Any]) -> list[float]:
     return [result["overall"] - half, result["overall"] + half]
 
 
-def generator_gap(model: str = "assets/models/toy-sd", images: int = 216, seed: int = 0) -> dict[str, Any]:
-    """ShapesEval of ``model`` on RL-held-out captions and on one paraphrase of each, on the same
-    specs and seeds (:data:`GAP_SAMPLING`, as ``benchmarks/toy_rl_study.py`` samples); the change
+def generator_gap(
+    model: str | None = None,
+    images: int = 216,
+    seed: int = 0,
+    family: str = "sd",
+    sampling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """ShapesEval of ``model`` (a ``family`` generator; default: toy-sd or toy-flow) on RL-held-out
+    captions and on one paraphrase of each, on the same specs and seeds (``sampling``; default: the
+    family's, :data:`GAP_SAMPLING` as ``benchmarks/toy_rl_study.py`` samples toy-sd,
+    :data:`FLOW_GAP_SAMPLING` as ``configs/toy/promptrl_flow.yaml`` samples toy-flow); the change
     paraphrased - canonical with its paired, category-stratified 95% interval."""
     from genalign.policies import load_policy
 
-    policy = load_policy("sd", model, lora=None)
+    default_model, default_sampling = GAP_DEFAULTS[family]
+    model = default_model if model is None else model
+    sampling = dict(default_sampling if sampling is None else sampling)
+    policy = load_policy(family, model, lora=None)
     items = eval_set_for_images("rl_heldout", images, seed=seed)
     para_items = [(paraphrase(prompt, seed, index).prompt(), s) for index, (prompt, s) in enumerate(items)]
-    canonical, _ = evaluate_policy(policy, items, GAP_SAMPLING, batch_size=36)
-    paraphrased, _ = evaluate_policy(policy, para_items, GAP_SAMPLING, batch_size=36)
+    canonical, _ = evaluate_policy(policy, items, sampling, batch_size=36)
+    paraphrased, _ = evaluate_policy(policy, para_items, sampling, batch_size=36)
     scores = {
         name: [float(s["correct"]) for s in r["per_sample"]]
         for name, r in (("c", canonical), ("p", paraphrased))
@@ -187,8 +212,10 @@ def generator_gap(model: str = "assets/models/toy-sd", images: int = 216, seed: 
         for kind in kinds:
             by_kind.setdefault(kind, []).append(scores["p"][index] - scores["c"][index])
     return {
+        "family": family,
+        "model": str(model),
         "images": len(items),
-        "sampling": GAP_SAMPLING,
+        "sampling": sampling,
         "canonical": canonical["overall"],
         "canonical_ci": _score_interval(canonical),
         "paraphrased": paraphrased["overall"],
@@ -216,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REWRITER_DIR)
     parser.add_argument("--model", type=Path, default=REWRITER_DIR)
     parser.add_argument("--images", type=int, default=216)
+    parser.add_argument(
+        "--family", choices=sorted(GAP_DEFAULTS), default="sd", help="gap: the generator's family"
+    )
+    parser.add_argument(
+        "--generator", help="gap: the generator (default: toy-sd, or toy-flow for --family flow)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden", type=int, default=96)
     parser.add_argument("--layers", type=int, default=4)
@@ -225,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         model, _ = build_rewriter(args.out, args.hidden, args.layers, seed=args.seed)
         print(json.dumps({"out": str(args.out), "parameters": sum(p.numel() for p in model.parameters())}))
     elif args.command == "gap":
-        print(json.dumps(generator_gap(images=args.images, seed=args.seed), indent=2))
+        gap = generator_gap(args.generator, images=args.images, seed=args.seed, family=args.family)
+        print(json.dumps(gap, indent=2))
     elif args.command == "measure":
         print(json.dumps(measure_rewriter(args.model, args.seed), indent=2))
     else:

@@ -21,6 +21,7 @@ from genalign.trainers.trainer import build_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "toy" / "promptrl.yaml"
+FLOW_RECIPE = ROOT / "configs" / "toy" / "promptrl_flow.yaml"
 TINY = [
     "model.path=tiny:sd",
     "rewriter.path=tiny:qwen2",  # the strategy tests want the random rewriter (the recipe ships toy-rewriter)
@@ -185,6 +186,41 @@ def test_resume_of_a_joint_run_from_yaml_is_exact(tmp_path):
     assert rows(straight.metrics_path) == rows(resumed.metrics_path)
     assert (resumed.run_dir / "final" / "rewriter" / "config.json").is_file()
     assert (resumed.run_dir / "final" / "generator" / "unet" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("trains", ["both", "rewriter"])
+def test_a_flow_generator_samples_sde_then_ode_and_starts_on_policy(tmp_path, trains):
+    """The flow family (toy-flow's, configs/toy/promptrl_flow.yaml): the first num_sde_steps are
+    flow-SDE steps (nonzero std) and trained, the rest ODE; LM-only samples every step by ODE."""
+    trainer = make(tmp_path, "model.family=flow", "model.path=tiny:sd3", "sampling.mode=sde",
+                   f"train.prompt_rewrite.trains={trains}")  # fmt: skip
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    stds = batch.trajectory.parts["generator"].stds
+    if trains == "rewriter":
+        assert (stds == 0).all()
+        return
+    assert (stds[:, :2] > 0).all() and (stds[:, 2:] == 0).all()  # sampling.num_sde_steps: 2 of 4
+    assert trainer._trainable_steps(batch).tolist() == [0, 1]
+    for k in (0, 1):
+        steps = torch.full((batch.trajectory.batch_size,), k, dtype=torch.long)
+        _, info = trainer.loss(trainer.policy, batch.trajectory, steps, batch.advantages)
+        assert info["generator_ratio"].item() == 1.0 and info["rewriter_ratio"].item() == 1.0
+
+
+def test_the_toy_flow_recipe_runs_two_steps_and_samples_as_the_gap_measurement(tmp_path):
+    from genalign.toy.rewriter import FLOW_GAP_SAMPLING
+
+    config = load_recipe(
+        FLOW_RECIPE,
+        ["train.num_steps=2", "train.group_size=4", "train.minibatch_size=8",
+         f"logging.run_dir={tmp_path}/run", "logging.progress=false"],
+    )  # fmt: skip
+    assert config.model.family == "flow" and config.model.path.endswith("toy-flow")
+    sampling = dataclasses.asdict(config.sampling)
+    assert {k: sampling[k] for k in FLOW_GAP_SAMPLING} == FLOW_GAP_SAMPLING
+    history = build_trainer(config, base_dir=FLOW_RECIPE.parent).train()
+    assert [m["step"] for m in history] == [0, 1]
+    assert all(math.isfinite(m["grad_norm"]) and m["lr_generator"] == 3e-4 for m in history)
 
 
 @pytest.mark.parametrize(
