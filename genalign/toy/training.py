@@ -219,7 +219,6 @@ class AveragedTraining:
     Build it with :meth:`of`, train with :meth:`run`, read the averages with :meth:`averages`.
     """
 
-    modules: list[torch.nn.Module]
     params: list[torch.Tensor]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -244,9 +243,7 @@ class AveragedTraining:
         optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay, max_warmup)
         ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
         averaged = averaged_modules(ema, modules)
-        return cls(
-            modules, params, optimizer, scheduler, ema, averaged, ema_warmup(ema_decay) if warm_ema else None
-        )
+        return cls(params, optimizer, scheduler, ema, averaged, ema_warmup(ema_decay) if warm_ema else None)
 
     def run(
         self,

@@ -184,9 +184,9 @@ def train_sd(
 
     from genalign.tiny.diffusion import sd_layout_pipeline
 
-    def save(modules: Sequence[torch.nn.Module], done: int, folder) -> tuple[Any, dict[str, Any]]:
+    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:  # the EMA weights as a pipeline
         sampler = DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
-        text_encoder, unet = modules
+        text_encoder, unet = training.averages()
         pipe = sd_layout_pipeline(StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler)
         return finish_sd_layout(pipe, done, log, start, folder)
 
@@ -225,9 +225,8 @@ def train_sd(
         prediction = unet(zt, t, encoder_hidden_states=text_encoder(tokens)[0]).sample
         return F.mse_loss(prediction, noise)  # L_simple
 
-    snapshot = snapshots(out, snapshot_every, lambda folder, done: save(training.averages(), done, folder))
-    done = training.run(loss_fn, steps, log, max_minutes, snapshot)
-    return save(training.averages(), done, out)
+    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
+    return save(out, done)
 
 
 def _sd_modules(
