@@ -70,6 +70,7 @@ from genalign.rewards.vlm_yes import VLMYesReward
 # likewise).
 REWARDS.add_lazy("shapes_eval", "genalign.toy.shapes_eval:ShapesEvalReward")
 REWARDS.add_lazy("toy_video_eval", "genalign.toy.video.reward:ToyVideoEvalReward")
+REWARDS.add_lazy("toy_svg_verifier", "genalign.toy.svg_oracle:SVGVerifierReward")
 
 __all__ = [
     "REWARDS",

@@ -117,14 +117,17 @@ def toy_svg_pool(
     svg_style: str = "compact",
     instruction: str = DEFAULT_INSTRUCTION,
     backend: str = "cairosvg",
+    specs: bool = False,
 ) -> PromptPool:
     """A prompt pool of toy scenes for ``task`` (``image_to_svg`` or ``text_to_svg``) with
-    metadata ``images`` ``[count, 3, canvas, canvas]``, ``reference_svgs`` and ``completions``."""
+    metadata ``images`` ``[count, 3, canvas, canvas]``, ``reference_svgs`` and ``completions``;
+    ``specs``: also each scene's ShapesEval spec (the oracle reward ``toy_svg_verifier`` reads it)."""
     from genalign.rewards.svg import render_local
 
     if task not in ("image_to_svg", "text_to_svg"):
         raise ValueError(f"task must be 'image_to_svg' or 'text_to_svg', got {task!r}")
-    records = toy_svg_records(count, seed, split, canvas, svg_style)
+    examples = toy_svg_examples(count, seed, split, canvas, svg_style)
+    records = [example[:3] for example in examples]
     images = []
     for _, svg, _ in records:
         result = render_local(svg, canvas, canvas, backend=backend)
@@ -133,7 +136,10 @@ def toy_svg_pool(
         images.append(result.image)
     svgs = [svg for _, svg, _ in records]
     prompts = [instruction] * count if task == "image_to_svg" else [caption for caption, _, _ in records]
-    return PromptPool(prompts, {"images": torch.stack(images), "reference_svgs": svgs, "completions": svgs})
+    columns = {"images": torch.stack(images), "reference_svgs": svgs, "completions": svgs}
+    if specs:
+        columns["specs"] = [example[3] for example in examples]
+    return PromptPool(prompts, columns)
 
 
 def write_records(pool: PromptPool, folder: str | Path) -> Path:

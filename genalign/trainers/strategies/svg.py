@@ -14,7 +14,8 @@ whose rows carry each input's metadata; this strategy
 3. extracts the SVG from every completion (:func:`genalign.rewards.svg.extract_svg`: fences,
    trailing prose, a root cut off by ``max_new_tokens``); a completion without one is scored as
    the empty document, which the reward's sanitiser rejects, so it gets the floor;
-4. scores the SVGs with the row's ``targets`` (its image) and ``reference_svgs`` as metadata, and
+4. scores the SVGs with the row's ``targets`` (its image), ``reference_svgs`` and, where the pool
+   has them, ``specs`` (the toy oracle ``toy_svg_verifier``'s) as metadata, and
    counts missing, repaired and invalid SVGs in the step's metrics (``reward_svg_*``).
 
 Invalid, hostile or timed-out SVGs never raise: the reward floors and counts them (DESIGN.md,
@@ -76,8 +77,9 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         reward_metadata: dict[str, Any] = {}
         if "images" in metadata:
             reward_metadata["targets"] = metadata["images"].to(context.device)
-        if "reference_svgs" in metadata:
-            reward_metadata["reference_svgs"] = metadata["reference_svgs"]
+        for name in ("reference_svgs", "specs"):  # specs: the toy oracle's (genalign.toy.svg_oracle)
+            if name in metadata:
+                reward_metadata[name] = metadata[name]
         rewards, details = context.score(trajectory, outputs=svgs, **reward_metadata)
         details.update(self._counts(context, found, details, len(prompts)))
         return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)

@@ -1,0 +1,112 @@
+"""The SVG writer's oracle reward (genalign.toy.svg_oracle): ShapesEval on the render, with the scene's
+spec handed through the pool and the svg strategy; and its control recipe runs a GRPO step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.rewards import load_reward
+from genalign.toy.shapes_eval import evaluate
+from genalign.toy.svg_tasks import toy_svg_examples, toy_svg_pool
+from genalign.trainers import build_trainer, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return toy_svg_pool(count=12, seed=3, split="rl_train", svg_style="canonical", specs=True)
+
+
+def test_the_pool_carries_each_scenes_spec_only_when_asked(pool):
+    examples = toy_svg_examples(12, seed=3, split="rl_train", svg_style="canonical")
+    assert pool.metadata["specs"] == [spec for *_, spec in examples]
+    plain = toy_svg_pool(count=12, seed=3, split="rl_train", svg_style="canonical")
+    assert "specs" not in plain.metadata
+    assert plain.metadata["reference_svgs"] == pool.metadata["reference_svgs"]
+    assert plain.digest() != pool.digest()  # a resume cannot mix the two
+
+
+@pytest.mark.parametrize("mode", ["correct", "partial", "mixed"])
+def test_the_reward_is_shapes_eval_on_the_render(pool, mode):
+    reward = load_reward("toy_svg_verifier", mode=mode)
+    svgs = pool.metadata["reference_svgs"]
+    # the reference's render through ShapesEval directly, as the independent computation
+    verdict = evaluate(pool.metadata["images"], pool.metadata["specs"])["per_sample"]
+    correct = torch.tensor([float(v["correct"]) for v in verdict])
+    assert correct.mean() > 0.8  # the verifier accepts most ground-truth renders at 32 px
+    out = reward(svgs, list(pool), specs=pool.metadata["specs"])
+    assert torch.equal(out.details["correct"], correct)
+    expected = {"correct": correct, "partial": out.details["partial"]}.get(mode)
+    if mode == "mixed":
+        expected = correct + 0.5 * out.details["partial"]
+    assert torch.allclose(out.scores, expected)
+    assert ((out.details["partial"] == 1) == (correct == 1)).all()
+
+
+def test_a_wrong_colour_loses_and_bad_svg_scores_the_floor(pool):
+    reward = load_reward("toy_svg_verifier", mode="mixed", min_reward=-1.0)
+    row = next(i for i, spec in enumerate(pool.metadata["specs"]) if spec["tag"] == "colors")
+    spec, svg = pool.metadata["specs"][row], pool.metadata["reference_svgs"][row]
+    fill = svg.split('fill="')[1].split('"')[0]
+    recoloured = svg.replace(fill, "#1a1a1a" if fill != "#1a1a1a" else "#e61a1a")
+    bad = ["", '<svg viewBox="0 0 32 32"></svg>', '<svg viewBox="0 0 32 32"><script>x()</script></svg>']
+    out = reward([svg, recoloured, *bad], list(pool)[:5], specs=[spec] * 5)
+    assert out.scores[0] > out.scores[1] >= 0
+    assert out.scores[2:].tolist() == [-1.0, -1.0, -1.0]
+    assert out.details["failure_count"] == 3
+
+
+def test_missing_or_mismatched_specs_say_what_to_do(pool):
+    reward = load_reward("toy_svg_verifier")
+    with pytest.raises(ValueError, match="specs: true"):
+        reward(pool.metadata["reference_svgs"][:2], list(pool)[:2])
+    with pytest.raises(ValueError, match="2 SVGs but 1 specs"):
+        reward(pool.metadata["reference_svgs"][:2], list(pool)[:2], specs=pool.metadata["specs"][:1])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        load_reward("toy_svg_verifier", mode="best")
+
+
+def test_the_oracle_recipe_differs_from_the_rl_recipe_only_in_its_reward(tmp_path):
+    oracle = load_recipe(ORACLE_RECIPE, [])
+    rl = load_recipe(ROOT / "configs" / "toy" / "rlrf_im2svg.yaml", [])
+    assert oracle.train == rl.train and oracle.sampling == rl.sampling and oracle.model == rl.model
+    assert oracle.reward.name == "toy_svg_verifier" and oracle.prompts.source_kwargs["specs"] is True
+    assert {k: v for k, v in oracle.prompts.source_kwargs.items() if k != "specs"} == rl.prompts.source_kwargs
+
+
+def test_the_svg_strategy_hands_the_specs_to_the_reward_in_a_grpo_step(tmp_path):
+    config = load_recipe(
+        ORACLE_RECIPE,
+        [
+            f"logging.run_dir={tmp_path}/run",
+            "train.num_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=4",
+            "train.minibatch_size=8",
+            "train.gradient_accumulation_steps=1",
+            "prompts.source_kwargs.count=8",
+        ],
+    )
+    trainer = build_trainer(config, base_dir=ROOT)
+    seen = {}
+    reward = trainer.reward
+
+    def spy(outputs, prompts, **metadata):
+        seen.update(metadata)
+        return reward(outputs, prompts, **metadata)
+
+    trainer.reward = spy
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    assert len(seen["specs"]) == 8 and set(seen) >= {"specs", "targets", "reference_svgs"}
+    pool = trainer.prompts.metadata
+    for svg, spec in zip(seen["reference_svgs"], seen["specs"]):  # each sample gets its own row's spec
+        assert spec == pool["specs"][pool["reference_svgs"].index(svg)]
+    assert batch.rewards.min() >= -1.0 and batch.rewards.max() <= 1.5
+    history = trainer.train()
+    assert len(history) == 1 and math.isfinite(history[0]["reward_mean"])
