@@ -82,15 +82,24 @@ def _noun_phrase(clause: dict[str, Any]) -> str:
     return f"{NUMBERS[clause['count']]} {colour}{plural(clause['class'])}"
 
 
+def positioned_clause(spec: Spec) -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+    """``(subject, relation, target)``: the spec's first clause with a ``position``, its relation
+    and the clause it is placed against; None when no clause is positioned."""
+    include = spec["include"]
+    for clause in include:
+        if "position" in clause:
+            relation, target = clause["position"]
+            return clause, relation, include[target]
+    return None
+
+
 def caption_for_spec(spec: Spec) -> str:
     """The GenEval-template caption of a spec (``"a photo of ..."``)."""
-    include = spec["include"]
-    positioned = [c for c in include if "position" in c]
+    positioned = positioned_clause(spec)
     if positioned:
-        clause = positioned[0]
-        relation, target = clause["position"]
-        return f"{PREFIX}{_noun_phrase(clause)} {relation} {_noun_phrase(include[target])}"
-    return PREFIX + " and ".join(_noun_phrase(c) for c in include)
+        subject, relation, target = positioned
+        return f"{PREFIX}{_noun_phrase(subject)} {relation} {_noun_phrase(target)}"
+    return PREFIX + " and ".join(_noun_phrase(c) for c in spec["include"])
 
 
 def make_spec(tag: str, include: Sequence[dict[str, Any]], exclude: Sequence[dict[str, Any]] = ()) -> Spec:
