@@ -46,7 +46,6 @@ The weakest category is counting (most and smallest objects): 97.8% at 48 px JPE
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +58,6 @@ from genalign.toy.captions import CATEGORIES, Spec, validate_spec
 from genalign.toy.detection import DetectedObject, ShapesEvalConfig, classify_shape, detect_objects
 from genalign.toy.scenes import POSITION_THRESHOLD, relative_position
 from genalign.toy.verifier_reward import VerifierReward
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "DetectedObject",
@@ -207,14 +204,7 @@ def evaluate(
                 "objects": [obj.to_dict() for obj in objects],
             }
         )
-    overall, per_category, counts = category_accuracy(per_sample, CATEGORIES)
-    return {
-        "overall": overall,
-        "image_accuracy": float(np.mean([s["correct"] for s in per_sample])) if per_sample else 0.0,
-        "per_category": per_category,
-        "counts": counts,
-        "per_sample": per_sample,
-    }
+    return verdict_summary(per_sample, CATEGORIES, "image_accuracy")
 
 
 def category_accuracy(
@@ -231,6 +221,22 @@ def category_accuracy(
             counts[category] = len(results)
     overall = float(np.mean(list(per_category.values()))) if per_category else 0.0
     return overall, per_category, counts
+
+
+def verdict_summary(
+    per_sample: list[dict[str, Any]], categories: Sequence[str], accuracy_key: str, **means: str
+) -> dict[str, Any]:
+    """The evaluation of per-sample verdicts: ``overall`` (:func:`category_accuracy`), under
+    ``accuracy_key`` the fraction of samples correct, each of ``means`` (name: per-sample key) the
+    mean over samples, then ``per_category``, ``counts`` and ``per_sample``."""
+
+    def mean(key: str) -> float:
+        return float(np.mean([s[key] for s in per_sample])) if per_sample else 0.0
+
+    overall, per_category, counts = category_accuracy(per_sample, categories)
+    summary = {"overall": overall, accuracy_key: mean("correct")}
+    summary |= {name: mean(key) for name, key in means.items()}
+    return summary | {"per_category": per_category, "counts": counts, "per_sample": per_sample}
 
 
 # -- reward ------------------------------------------------------------------------------------------
