@@ -32,9 +32,11 @@ uses ``n + 1``, making the count exact). :func:`parse_caption` reads any caption
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from genalign.toy.scenes import COLOURS, RELATIONS, SHAPES
 
@@ -82,15 +84,24 @@ def _noun_phrase(clause: dict[str, Any]) -> str:
     return f"{NUMBERS[clause['count']]} {colour}{plural(clause['class'])}"
 
 
+def positioned_clause(spec: Spec) -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+    """``(subject, relation, target)``: the spec's first clause with a ``position``, its relation
+    and the clause it is placed against; None when no clause is positioned."""
+    include = spec["include"]
+    for clause in include:
+        if "position" in clause:
+            relation, target = clause["position"]
+            return clause, relation, include[target]
+    return None
+
+
 def caption_for_spec(spec: Spec) -> str:
     """The GenEval-template caption of a spec (``"a photo of ..."``)."""
-    include = spec["include"]
-    positioned = [c for c in include if "position" in c]
+    positioned = positioned_clause(spec)
     if positioned:
-        clause = positioned[0]
-        relation, target = clause["position"]
-        return f"{PREFIX}{_noun_phrase(clause)} {relation} {_noun_phrase(include[target])}"
-    return PREFIX + " and ".join(_noun_phrase(c) for c in include)
+        subject, relation, target = positioned
+        return f"{PREFIX}{_noun_phrase(subject)} {relation} {_noun_phrase(target)}"
+    return PREFIX + " and ".join(_noun_phrase(c) for c in spec["include"])
 
 
 def make_spec(tag: str, include: Sequence[dict[str, Any]], exclude: Sequence[dict[str, Any]] = ()) -> Spec:
@@ -157,6 +168,45 @@ def validate_spec(spec: Spec) -> None:
                 raise ValueError(f"clause {clause} has unknown relation {relation!r}; relations: {RELATIONS}")
             if not (isinstance(target, int) and 0 <= target < min(index, len(include))):
                 raise ValueError(f"clause {clause} points at clause {target}, which must come before it")
+
+
+def validate_selection(
+    split: str, splits: Sequence[str], category: str | None, categories: Sequence[str]
+) -> None:
+    """Raise ``ValueError`` unless ``split`` is one of ``splits`` and ``category`` (None: every
+    category) one of ``categories``: a prompt selection's arguments, in either toy world."""
+    if split not in splits:
+        raise ValueError(f"split must be one of {splits}, got {split!r}")
+    if category is not None and category not in categories:
+        raise ValueError(f"category must be one of {categories}, got {category!r}")
+
+
+_Captioned = TypeVar("_Captioned", bound="CaptionedSpec")
+
+
+@dataclass(frozen=True)
+class CaptionedSpec:
+    """A caption, its category and the spec a verifier checks: the common form of
+    :class:`~genalign.toy.prompts.PromptSpec` (images) and
+    :class:`~genalign.toy.video.prompts.VideoPromptSpec` (videos), which name the validator of their
+    grammar (:meth:`validate`)."""
+
+    caption: str
+    category: str
+    spec: Spec
+
+    @staticmethod
+    def validate(spec: Spec) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_spec(cls: type[_Captioned], spec: Spec) -> _Captioned:
+        cls.validate(spec)
+        return cls(caption=spec["prompt"], category=spec["tag"], spec=spec)
+
+    def deep_copy(self: _Captioned) -> _Captioned:
+        """A copy whose spec can be changed without touching this one's."""
+        return type(self)(self.caption, self.category, copy.deepcopy(self.spec))
 
 
 # -- parsing ------------------------------------------------------------------------------------

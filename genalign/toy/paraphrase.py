@@ -36,7 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from genalign.toy.captions import NUMBERS, CaptionParseError, Spec, caption_for_spec, parse_caption, plural
+from genalign.toy.captions import (
+    NUMBERS,
+    CaptionParseError,
+    Spec,
+    caption_for_spec,
+    parse_caption,
+    plural,
+    positioned_clause,
+)
 from genalign.toy.prompts import PromptSpec, balanced_prompts, prompts_for
 
 __all__ = [
@@ -129,13 +137,10 @@ def _noun_phrase(clause: dict[str, Any], rng: np.random.Generator, kinds: set[st
 
 
 def _body(spec: Spec, rng: np.random.Generator, kinds: set[str]) -> str:
-    include = spec["include"]
-    positioned = [c for c in include if "position" in c]
+    positioned = positioned_clause(spec)
     if not positioned:
-        return " and ".join(_noun_phrase(c, rng, kinds) for c in include)
-    subject = positioned[0]
-    relation, target_index = subject["position"]
-    target = include[target_index]
+        return " and ".join(_noun_phrase(c, rng, kinds) for c in spec["include"])
+    subject, relation, target = positioned
     words = relation
     if "synonym" in kinds:
         words = RELATION_SYNONYMS[relation][int(rng.integers(len(RELATION_SYNONYMS[relation])))]

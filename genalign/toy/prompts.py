@@ -54,7 +54,6 @@ RL prompt files such as ``configs/toy/rl_train_prompts.txt`` (:func:`rl_train_pr
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import zlib
@@ -67,6 +66,7 @@ import numpy as np
 from genalign.toy.captions import (
     CATEGORIES,
     COUNTS,
+    CaptionedSpec,
     Spec,
     color_attr_spec,
     colors_spec,
@@ -74,6 +74,7 @@ from genalign.toy.captions import (
     position_spec,
     single_object_spec,
     two_object_spec,
+    validate_selection,
     validate_spec,
 )
 from genalign.toy.scenes import COLOURS, RELATIONS, SHAPES, Scene, as_generator, layout_objects
@@ -99,17 +100,10 @@ CONVERSE = {"left of": "right of", "right of": "left of", "above": "below", "bel
 
 
 @dataclass(frozen=True)
-class PromptSpec:
+class PromptSpec(CaptionedSpec):
     """A caption, its GenEval category and the spec a verifier checks (see ``captions.py``)."""
 
-    caption: str
-    category: str
-    spec: Spec
-
-    @classmethod
-    def from_spec(cls, spec: Spec) -> PromptSpec:
-        validate_spec(spec)
-        return cls(caption=spec["prompt"], category=spec["tag"], spec=spec)
+    validate = staticmethod(validate_spec)
 
     def to_json(self) -> str:
         """One line of GenEval's ``evaluation_metadata.jsonl`` format."""
@@ -121,11 +115,7 @@ class PromptSpec:
 
 def all_prompts() -> list[PromptSpec]:
     """Every caption of the grammar, once, sorted by category then caption."""
-    return [_copy(p) for p in _grammar()]
-
-
-def _copy(prompt: PromptSpec) -> PromptSpec:
-    return PromptSpec(prompt.caption, prompt.category, copy.deepcopy(prompt.spec))
+    return [p.deep_copy() for p in _grammar()]
 
 
 @functools.cache
@@ -247,10 +237,7 @@ def _in_split(prompt: PromptSpec, split: str) -> bool:
 
 @functools.cache
 def _split(split: str, category: str | None) -> tuple[PromptSpec, ...]:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if category is not None and category not in CATEGORIES:
-        raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
+    validate_selection(split, SPLITS, category, CATEGORIES)
     return tuple(
         p for p in _grammar() if _in_split(p, split) and (category is None or p.category == category)
     )
@@ -263,7 +250,7 @@ def prompts_for(split: str = "train", category: str | None = None) -> list[Promp
     also called ``"unseen_combinations"``), ``"rl_train"`` / ``"rl_heldout"`` (the RL sets, a
     partition of ``"train"``) or ``"all"``.
     """
-    return [_copy(p) for p in _split(split, category)]
+    return [p.deep_copy() for p in _split(split, category)]
 
 
 # -- balanced prompt files --------------------------------------------------------------------------
@@ -353,7 +340,7 @@ def sample_scene_for_prompt(
     prompts = _split(split, task)
     if not prompts:
         raise ValueError(f"split {split!r} has no {task!r} prompts (single_object is train-only)")
-    prompt = _copy(prompts[int(rng.integers(len(prompts)))])
+    prompt = prompts[int(rng.integers(len(prompts)))].deep_copy()
     return scene_for_spec(prompt.spec, rng), prompt.caption, prompt.spec
 
 

@@ -46,7 +46,6 @@ The weakest category is counting (most and smallest objects): 97.8% at 48 px JPE
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,12 +53,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from genalign.rewards.base import Reward, RewardOutput, register_reward
-from genalign.toy.captions import CATEGORIES, CaptionParseError, Spec, validate_spec
+from genalign.rewards.base import register_reward
+from genalign.toy.captions import CATEGORIES, Spec, validate_spec
 from genalign.toy.detection import DetectedObject, ShapesEvalConfig, classify_shape, detect_objects
 from genalign.toy.scenes import POSITION_THRESHOLD, relative_position
-
-logger = logging.getLogger(__name__)
+from genalign.toy.verifier_reward import VerifierReward
 
 __all__ = [
     "DetectedObject",
@@ -206,14 +204,7 @@ def evaluate(
                 "objects": [obj.to_dict() for obj in objects],
             }
         )
-    overall, per_category, counts = category_accuracy(per_sample, CATEGORIES)
-    return {
-        "overall": overall,
-        "image_accuracy": float(np.mean([s["correct"] for s in per_sample])) if per_sample else 0.0,
-        "per_category": per_category,
-        "counts": counts,
-        "per_sample": per_sample,
-    }
+    return verdict_summary(per_sample, CATEGORIES, "image_accuracy")
 
 
 def category_accuracy(
@@ -232,11 +223,27 @@ def category_accuracy(
     return overall, per_category, counts
 
 
+def verdict_summary(
+    per_sample: list[dict[str, Any]], categories: Sequence[str], accuracy_key: str, **means: str
+) -> dict[str, Any]:
+    """The evaluation of per-sample verdicts: ``overall`` (:func:`category_accuracy`), under
+    ``accuracy_key`` the fraction of samples correct, each of ``means`` (name: per-sample key) the
+    mean over samples, then ``per_category``, ``counts`` and ``per_sample``."""
+
+    def mean(key: str) -> float:
+        return float(np.mean([s[key] for s in per_sample])) if per_sample else 0.0
+
+    overall, per_category, counts = category_accuracy(per_sample, categories)
+    summary = {"overall": overall, accuracy_key: mean("correct")}
+    summary |= {name: mean(key) for name, key in means.items()}
+    return summary | {"per_category": per_category, "counts": counts, "per_sample": per_sample}
+
+
 # -- reward ------------------------------------------------------------------------------------------
 
 
 @register_reward("shapes_eval")
-class ShapesEvalReward(Reward):
+class ShapesEvalReward(VerifierReward):
     """ShapesEval as a reward: 1.0 when the image satisfies its prompt's spec, else 0.0.
 
     With ``partial=True`` the score is the fraction of atomic checks passed (presence/count,
@@ -251,71 +258,21 @@ class ShapesEvalReward(Reward):
     ``unparsed_count``. Not differentiable (thresholds and connected components).
     """
 
-    differentiable = False
+    config_type = ShapesEvalConfig
+    found_key = "objects"
+    grammar = "toy-world grammar"
 
-    def __init__(
-        self, partial: bool = False, config: ShapesEvalConfig | None = None, strict: bool = False
-    ) -> None:
-        super().__init__(strict=strict)
-        self.partial = partial
-        self.config = config or ShapesEvalConfig()
+    def spec_of(self, item: Any) -> Spec:
+        spec = _as_spec(item)
+        validate_spec(spec)
+        return spec
 
-    def _specs(self, prompts: Sequence[str], specs: Sequence[Any] | None) -> list[Spec | None]:
-        if specs is not None:
-            if len(specs) != len(prompts):
-                raise ValueError(f"{self.name}: got {len(prompts)} prompts but {len(specs)} specs")
-            out = []
-            for item in specs:
-                spec = _as_spec(item)
-                validate_spec(spec)
-                out.append(spec)
-            return out
+    def parse(self, prompt: str) -> Spec:
         from genalign.toy.paraphrase import read_paraphrase  # lazily: paraphrase imports prompts
 
-        parsed: list[Spec | None] = []
-        for prompt in prompts:
-            try:
-                parsed.append(read_paraphrase(prompt))
-            except CaptionParseError as error:
-                logger.debug("shapes_eval cannot parse %r: %s", prompt, error)
-                parsed.append(None)
-        return parsed
+        return read_paraphrase(prompt)
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
-        specs = self._specs(prompts, metadata.get("specs"))
-        correct, partial, objects, categories, reasons = [], [], [], [], []
-        for image, spec in zip(images, specs):
-            if spec is None:
-                correct.append(0.0)
-                partial.append(0.0)
-                objects.append([])
-                categories.append(None)
-                reasons.append(["prompt outside the toy-world grammar"])
-                continue
-            found = detect_objects(image, self.config)
-            check = check_spec(found, spec, self.config.position_threshold)
-            correct.append(float(check.correct))
-            partial.append(check.fraction)
-            objects.append([obj.to_dict() for obj in found])
-            categories.append(spec["tag"])
-            reasons.append(check.reasons)
-        device = images.device
-        correct_t = torch.tensor(correct, dtype=torch.float32, device=device)
-        partial_t = torch.tensor(partial, dtype=torch.float32, device=device)
-        unparsed = sum(spec is None for spec in specs)
-        if unparsed:
-            logger.warning(
-                "shapes_eval: %d of %d prompts are outside the toy-world grammar", unparsed, len(specs)
-            )
-        details = {
-            "correct": correct_t,
-            "partial": partial_t,
-            "objects": objects,
-            "category": categories,
-            "reasons": reasons,
-            "unparsed_count": unparsed,
-        }
-        return RewardOutput(partial_t if self.partial else correct_t, details)
-
-    def extra_repr(self) -> str:
-        return f"partial={self.partial}"
+    def check(self, sample: torch.Tensor, spec: Spec) -> tuple[SpecCheck, list[dict[str, Any]]]:
+        found = detect_objects(sample, self.config)
+        check = check_spec(found, spec, self.config.position_threshold)
+        return check, [obj.to_dict() for obj in found]

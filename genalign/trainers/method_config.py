@@ -11,7 +11,7 @@ sections of the recipe live in :class:`~genalign.trainers.train_config.TrainConf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from genalign.algorithms.selective_kl import SelectiveKLConfig
 from genalign.config import ConfigError
@@ -30,6 +30,28 @@ __all__ = [
     "SolRLConfig",
     "TokenPPOConfig",
 ]
+
+
+# -- the checks the schemas share (``section``: the recipe's ``train.<section>``) ----------------------
+def _positive(section: str, config: Any, *keys: str) -> None:
+    for key in keys:
+        value = getattr(config, key)
+        if value <= 0:
+            raise ConfigError(f"train.{section}.{key} must be positive, got {value}")
+
+
+def _non_negative(section: str, config: Any, *keys: str) -> None:
+    for key in keys:
+        value = getattr(config, key)
+        if value < 0:
+            raise ConfigError(f"train.{section}.{key} must be >= 0, got {value}")
+
+
+def _below_one(section: str, config: Any, key: str) -> None:
+    """A decay or mixing rate in [0, 1)."""
+    value = getattr(config, key)
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"train.{section}.{key} must lie in [0, 1), got {value}")
 
 
 @dataclass
@@ -63,11 +85,9 @@ class B2DiffuRLConfig:
     sample_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        positive = ["split_step_start", "split_step_increment", "branches"]
-        for key in positive + ["stage_steps", "sample_batch_size", "split_step_end"]:
-            value = getattr(self, key)
-            if (key in positive or value is not None) and value <= 0:
-                raise ConfigError(f"train.b2diffurl.{key} must be positive, got {value}")
+        optional = ("stage_steps", "sample_batch_size", "split_step_end")
+        set_optional = [key for key in optional if getattr(self, key) is not None]
+        _positive("b2diffurl", self, "split_step_start", "split_step_increment", "branches", *set_optional)
         if self.split_step_end is not None and self.split_step_end < self.split_step_start:
             raise ConfigError(
                 f"train.b2diffurl.split_step_end {self.split_step_end} is below "
@@ -78,9 +98,7 @@ class B2DiffuRLConfig:
                 f"train.b2diffurl.neg_threshold {self.neg_threshold} exceeds "
                 f"train.b2diffurl.pos_threshold {self.pos_threshold}"
             )
-        for key in ("pos_weight", "neg_weight", "history_steps"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"train.b2diffurl.{key} must be >= 0, got {getattr(self, key)}")
+        _non_negative("b2diffurl", self, "pos_weight", "neg_weight", "history_steps")
 
 
 @dataclass
@@ -113,15 +131,12 @@ class NFTConfig:
     guided: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("beta", "advantage_clip", "weight_min"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.nft.{key} must be positive, got {getattr(self, key)}")
+        _positive("nft", self, "beta", "advantage_clip", "weight_min")
         if self.ema_rate < 0 or self.ema_flat < 0:
             raise ConfigError(
                 f"train.nft.ema_rate and train.nft.ema_flat must be >= 0, got {self.ema_rate}, {self.ema_flat}"
             )
-        if not 0.0 <= self.ema_max < 1.0:
-            raise ConfigError(f"train.nft.ema_max must lie in [0, 1), got {self.ema_max}")
+        _below_one("nft", self, "ema_max")
 
 
 @dataclass(frozen=True)
@@ -134,11 +149,9 @@ class SelectiveKLConstants(SelectiveKLConfig):
             super().__post_init__()
         except ValueError as error:
             raise ConfigError(f"train.astrolabe.selective_kl_constants: {error}") from error
-        for key in ("fraction_rate", "kl_threshold", "kl_threshold_step"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(
-                    f"train.astrolabe.selective_kl_constants.{key} must be positive, got {getattr(self, key)}"
-                )
+        _positive(
+            "astrolabe.selective_kl_constants", self, "fraction_rate", "kl_threshold", "kl_threshold_step"
+        )
 
 
 @dataclass
@@ -188,21 +201,16 @@ class AstrolabeConfig:
 
     def __post_init__(self) -> None:
         self._check_selective_kl()
-        if self.num_latent_frames is not None and self.num_latent_frames <= 0:
-            raise ConfigError(
-                f"train.astrolabe.num_latent_frames must be positive, got {self.num_latent_frames}"
-            )
+        if self.num_latent_frames is not None:
+            _positive("astrolabe", self, "num_latent_frames")
         if not self.timesteps or any(not 0 < int(t) <= 1000 for t in self.timesteps):
             raise ConfigError(f"train.astrolabe.timesteps must be levels in (0, 1000], got {self.timesteps}")
-        for key in ("beta", "advantage_clip"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"train.astrolabe.{key} must be positive, got {getattr(self, key)}")
+        _positive("astrolabe", self, "beta", "advantage_clip")
         if self.kl_weight < 0 or self.ema_rate < 0:
             raise ConfigError(
                 f"train.astrolabe.kl_weight and train.astrolabe.ema_rate must be >= 0, got {self.kl_weight}, {self.ema_rate}"
             )
-        if not 0.0 <= self.ema_max < 1.0:
-            raise ConfigError(f"train.astrolabe.ema_max must lie in [0, 1), got {self.ema_max}")
+        _below_one("astrolabe", self, "ema_max")
 
     def _check_selective_kl(self) -> None:
         if not self.selective_kl:
@@ -243,8 +251,7 @@ class RWRConfig:
     guided: bool = False
 
     def __post_init__(self) -> None:
-        if self.beta <= 0:
-            raise ConfigError(f"train.rwr.beta must be positive, got {self.beta}")
+        _positive("rwr", self, "beta")
 
 
 @dataclass
@@ -265,14 +272,12 @@ class ReFLConfig:
     margin: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.min_step < 0:
-            raise ConfigError(f"train.refl.min_step must be >= 0, got {self.min_step}")
+        _non_negative("refl", self, "min_step")
         if self.max_step is not None and self.max_step < self.min_step:
             raise ConfigError(
                 f"train.refl.max_step {self.max_step} must be >= train.refl.min_step {self.min_step}"
             )
-        if self.scale <= 0:
-            raise ConfigError(f"train.refl.scale must be positive, got {self.scale}")
+        _positive("refl", self, "scale")
 
 
 @dataclass
@@ -301,8 +306,7 @@ class SolRLConfig:
     preview_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.pool_size <= 0:
-            raise ConfigError(f"train.sol_rl.pool_size must be positive, got {self.pool_size}")
+        _positive("sol_rl", self, "pool_size")
         if self.keep_top < 0 or self.keep_bottom < 0 or self.keep_top + self.keep_bottom == 0:
             raise ConfigError(
                 f"train.sol_rl.keep_top / keep_bottom must be >= 0 and not both 0, got {self.keep_top} / {self.keep_bottom}"
@@ -316,10 +320,8 @@ class SolRLConfig:
             raise ConfigError(
                 f"train.sol_rl.preview_steps and train.sol_rl.min_dim must be >= 0, got {self.preview_steps}, {self.min_dim}"
             )
-        if self.preview_batch_size is not None and self.preview_batch_size <= 0:
-            raise ConfigError(
-                f"train.sol_rl.preview_batch_size must be positive, got {self.preview_batch_size}"
-            )
+        if self.preview_batch_size is not None:
+            _positive("sol_rl", self, "preview_batch_size")
 
     @property
     def kept_per_prompt(self) -> int:
@@ -347,8 +349,7 @@ class TokenPPOConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.eps_low < 1.0:
             raise ConfigError(f"train.token_ppo.eps_low must lie in (0, 1), got {self.eps_low}")
-        if self.eps_high <= 0.0:
-            raise ConfigError(f"train.token_ppo.eps_high must be positive, got {self.eps_high}")
+        _positive("token_ppo", self, "eps_high")
 
 
 @dataclass
@@ -380,12 +381,7 @@ class PromptRewriteConfig:
     def __post_init__(self) -> None:
         if self.template is not None and "{prompt}" not in self.template:
             raise ConfigError("train.prompt_rewrite.template must hold '{prompt}' (the original prompt)")
-        if self.num_retained < 0:
-            raise ConfigError(f"train.prompt_rewrite.num_retained must be >= 0, got {self.num_retained}")
-        if self.rewriter_kl_coef < 0:
-            raise ConfigError(
-                f"train.prompt_rewrite.rewriter_kl_coef must be >= 0, got {self.rewriter_kl_coef}"
-            )
+        _non_negative("prompt_rewrite", self, "num_retained", "rewriter_kl_coef")
 
 
 @dataclass
@@ -448,19 +444,12 @@ class QHawkeyeConfig:
     ratio_clip: bool = False
 
     def __post_init__(self) -> None:
-        if self.alpha < 0:
-            raise ConfigError(f"train.q_hawkeye.alpha must be >= 0, got {self.alpha}")
+        _non_negative("q_hawkeye", self, "alpha")
         if self.score_max <= self.score_min:
             raise ConfigError(
                 f"train.q_hawkeye.score_max {self.score_max} must exceed train.q_hawkeye.score_min {self.score_min}"
             )
-        if self.perception_gamma < 0:
-            raise ConfigError(f"train.q_hawkeye.perception_gamma must be >= 0, got {self.perception_gamma}")
-        if self.perception_anneal_steps is not None and self.perception_anneal_steps < 0:
-            raise ConfigError(
-                f"train.q_hawkeye.perception_anneal_steps must be >= 0, got {self.perception_anneal_steps}"
-            )
-        if self.perception_clamp <= 0:
-            raise ConfigError(
-                f"train.q_hawkeye.perception_clamp must be positive, got {self.perception_clamp}"
-            )
+        _non_negative("q_hawkeye", self, "perception_gamma")
+        if self.perception_anneal_steps is not None:
+            _non_negative("q_hawkeye", self, "perception_anneal_steps")
+        _positive("q_hawkeye", self, "perception_clamp")

@@ -29,7 +29,7 @@ from genalign.sampling.self_forcing import self_forcing_timesteps, uniform_denoi
 from genalign.toy.generators.train import finish_training
 from genalign.toy.generators.video_train import (
     NUM_TRAIN_TIMESTEPS,
-    diffusion_forcing_loss,
+    minibatch_forcing_loss,
     prompt_embeddings,
 )
 from genalign.toy.training import AveragedTraining, TrainingLog
@@ -119,12 +119,8 @@ def train_reflow(
     transformer.requires_grad_(True)
     training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=100)
     transformer.train()
-    generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video reflow")
-
-    def loss_fn(step: int) -> torch.Tensor:
-        index = torch.randint(len(x0), (batch_size,), generator=generator)
-        return diffusion_forcing_loss(transformer, x0[index], embeds[index], generator, noise=noise[index])
+    loss_fn = minibatch_forcing_loss(transformer, x0, embeds, batch_size, seed, noise)
 
     done = training.run(loss_fn, steps, log, max_minutes)
     (average,) = training.averages()

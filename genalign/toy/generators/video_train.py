@@ -20,7 +20,7 @@ embeddings are computed once, by the pipeline's own ``encode_prompt``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,29 @@ def diffusion_forcing_loss(
     return (error * noisy).sum() / (noisy.sum() * 1.0).clamp(min=1.0)
 
 
+def minibatch_forcing_loss(
+    transformer,
+    latents: torch.Tensor,
+    prompt_embeds: torch.Tensor,
+    batch_size: int,
+    seed: int,
+    noise: torch.Tensor | None = None,
+) -> Callable[[int], torch.Tensor]:
+    """A training step's loss (``loss_fn(step)``): :func:`diffusion_forcing_loss` on ``batch_size``
+    videos drawn at random from ``latents`` / ``prompt_embeds`` (and ``noise``, reflow's paired noise),
+    drawn and noised with one generator seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def loss_fn(step: int) -> torch.Tensor:
+        index = torch.randint(len(latents), (batch_size,), generator=generator)
+        paired = None if noise is None else noise[index]
+        return diffusion_forcing_loss(
+            transformer, latents[index], prompt_embeds[index], generator, noise=paired
+        )
+
+    return loss_fn
+
+
 @torch.no_grad()
 def prompt_embeddings(pipe, captions: Sequence[str], batch_size: int = 256) -> torch.Tensor:
     """The pipeline's own text conditioning ``[N, L, D]`` of ``captions`` (its ``encode_prompt``:
@@ -149,12 +172,8 @@ def train_ar_video(
     del videos
     training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=200)
     transformer.train()
-    generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "toy-ar-video")
-
-    def loss_fn(step: int) -> torch.Tensor:
-        index = torch.randint(len(latents), (batch_size,), generator=generator)
-        return diffusion_forcing_loss(transformer, latents[index], embeds[index], generator)
+    loss_fn = minibatch_forcing_loss(transformer, latents, embeds, batch_size, seed)
 
     def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
         (average,) = training.averages()

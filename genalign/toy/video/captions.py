@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from genalign.toy.captions import CaptionParseError, Spec, with_article
+from genalign.toy.captions import CaptionParseError, Spec, positioned_clause, with_article
 from genalign.toy.scenes import COLOURS, RELATIONS, SHAPES
 from genalign.toy.video.scenes import DIRECTIONS, MOTIONS
 
@@ -74,14 +74,12 @@ def _with_motion(clause: dict[str, Any]) -> str:
 
 def video_caption_for_spec(spec: Spec) -> str:
     """The template caption of a video spec (module docstring)."""
-    include = spec["include"]
-    positioned = [c for c in include if "position" in c]
+    positioned = positioned_clause(spec)
     if positioned:
-        subject = positioned[0]
-        relation, target = subject["position"]
-        text = f"{_noun_phrase(subject)} {relation} {_noun_phrase(include[target])}"
+        subject, relation, target = positioned
+        text = f"{_noun_phrase(subject)} {relation} {_noun_phrase(target)}"
         return f"{text}, {MOTION_PHRASES[subject['motion']]}" if "motion" in subject else text
-    return " and ".join(_with_motion(c) for c in include)
+    return " and ".join(_with_motion(c) for c in spec["include"])
 
 
 def _clause(colour: str, shape: str, motion: str | None = None) -> dict[str, Any]:

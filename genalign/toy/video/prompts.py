@@ -29,14 +29,13 @@ hashing) and sorted by category then caption.
 
 from __future__ import annotations
 
-import copy
 import functools
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from genalign.toy.captions import Spec
+from genalign.toy.captions import CaptionedSpec, Spec, validate_selection
 from genalign.toy.scenes import COLOURS, RELATIONS, SHAPES, as_generator
 from genalign.toy.video.captions import (
     VIDEO_CATEGORIES,
@@ -63,21 +62,10 @@ RL_TRAIN_PER_CATEGORY = 80
 
 
 @dataclass(frozen=True)
-class VideoPromptSpec:
+class VideoPromptSpec(CaptionedSpec):
     """A caption, its category and the spec the video verifier checks."""
 
-    caption: str
-    category: str
-    spec: Spec
-
-    @classmethod
-    def from_spec(cls, spec: Spec) -> VideoPromptSpec:
-        validate_video_spec(spec)
-        return cls(caption=spec["prompt"], category=spec["tag"], spec=spec)
-
-
-def _copy(prompt: VideoPromptSpec) -> VideoPromptSpec:
-    return VideoPromptSpec(prompt.caption, prompt.category, copy.deepcopy(prompt.spec))
+    validate = staticmethod(validate_video_spec)
 
 
 @functools.cache
@@ -113,7 +101,7 @@ def _grammar() -> tuple[VideoPromptSpec, ...]:
 
 def all_video_prompts() -> list[VideoPromptSpec]:
     """Every caption of the grammar, once, sorted by category then caption."""
-    return [_copy(p) for p in _grammar()]
+    return [p.deep_copy() for p in _grammar()]
 
 
 def video_scene_key(prompt: VideoPromptSpec) -> str:
@@ -176,10 +164,7 @@ def _in_split(prompt: VideoPromptSpec, split: str) -> bool:
 
 @functools.cache
 def _split(split: str, category: str | None) -> tuple[VideoPromptSpec, ...]:
-    if split not in VIDEO_SPLITS:
-        raise ValueError(f"split must be one of {VIDEO_SPLITS}, got {split!r}")
-    if category is not None and category not in VIDEO_CATEGORIES:
-        raise ValueError(f"category must be one of {VIDEO_CATEGORIES}, got {category!r}")
+    validate_selection(split, VIDEO_SPLITS, category, VIDEO_CATEGORIES)
     return tuple(
         p for p in _grammar() if (category is None or p.category == category) and _in_split(p, split)
     )
@@ -187,7 +172,7 @@ def _split(split: str, category: str | None) -> tuple[VideoPromptSpec, ...]:
 
 def video_prompts_for(split: str = "train", category: str | None = None) -> list[VideoPromptSpec]:
     """The prompts of a split (:data:`VIDEO_SPLITS`), optionally of one category."""
-    return [_copy(p) for p in _split(split, category)]
+    return [p.deep_copy() for p in _split(split, category)]
 
 
 # -- scenes for prompts -----------------------------------------------------------------------------
@@ -220,5 +205,5 @@ def sample_video_for_prompt(
     prompts = _split(split, category)
     if not prompts:
         raise ValueError(f"split {split!r} has no {category!r} prompts")
-    prompt = _copy(prompts[int(rng.integers(len(prompts)))])
+    prompt = prompts[int(rng.integers(len(prompts)))].deep_copy()
     return video_scene_for_spec(prompt.spec, rng, num_frames), prompt.caption, prompt.spec

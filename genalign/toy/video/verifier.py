@@ -43,7 +43,7 @@ import torch
 from genalign.toy.captions import Spec
 from genalign.toy.detection import ShapesEvalConfig, detect_objects
 from genalign.toy.scenes import relative_position
-from genalign.toy.shapes_eval import CheckTally, SpecCheck, category_accuracy
+from genalign.toy.shapes_eval import CheckTally, SpecCheck, verdict_summary
 from genalign.toy.video.captions import VIDEO_CATEGORIES, validate_video_spec
 from genalign.toy.video.scenes import VideoScene
 
@@ -294,12 +294,4 @@ def evaluate_videos(
                 "tracks": [track.to_dict() for track in tracks],
             }
         )
-    overall, per_category, counts = category_accuracy(per_sample, VIDEO_CATEGORIES)
-    return {
-        "overall": overall,
-        "video_accuracy": float(np.mean([s["correct"] for s in per_sample])) if per_sample else 0.0,
-        "mean_fraction": float(np.mean([s["fraction"] for s in per_sample])) if per_sample else 0.0,
-        "per_category": per_category,
-        "counts": counts,
-        "per_sample": per_sample,
-    }
+    return verdict_summary(per_sample, VIDEO_CATEGORIES, "video_accuracy", mean_fraction="fraction")

@@ -1,5 +1,7 @@
 """Helpers shared by the forward-process losses (DiffusionNFT, RWR, ReFL): seeded noise, the
-conditional (unguided) prediction settings and the KL stand-in to the reference model."""
+conditional (unguided) prediction settings, the KL stand-in to the reference model, and a
+lagging copy of the trainable parameters (DiffusionNFT's old policy, Astrolabe's reference)
+swapped in and saved in checkpoints."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "conditional_settings",
+    "load_parameter_copy",
+    "parameter_copy_state",
     "reference_output_kl",
     "seeded_noise",
     "swapped_trainable_parameters",
@@ -38,6 +42,29 @@ def swapped_trainable_parameters(policy: Any, values: Sequence[torch.Tensor], wh
     finally:
         for parameter, value in zip(parameters, current):
             parameter.data = value
+
+
+def parameter_copy_state(prefix: str, values: Sequence[torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """A lagging copy of the trainable parameters as checkpoint tensors ``{prefix}{i:05d}``."""
+    return {f"{prefix}{i:05d}": value.detach().cpu().contiguous() for i, value in enumerate(values or [])}
+
+
+def load_parameter_copy(
+    state: dict[str, torch.Tensor], prefix: str, current: list[torch.Tensor] | None, what: str
+) -> list[torch.Tensor] | None:
+    """The copy that :func:`parameter_copy_state` saved under ``prefix``: copied into ``current``
+    in place (same count, each tensor keeps its device and dtype) or, with no ``current``, cloned;
+    ``current`` unchanged when the checkpoint holds none. ``what`` names the copy in the error."""
+    values = [state[key] for key in sorted(state) if key.startswith(prefix)]
+    if not values:
+        return current
+    if current is None:
+        return [value.clone() for value in values]
+    if len(values) != len(current):
+        raise ValueError(f"checkpoint holds {len(values)} {what} tensors, expected {len(current)}")
+    for target, value in zip(current, values):
+        target.copy_(value.to(target.device, target.dtype))
+    return current
 
 
 def seeded_noise(

@@ -67,6 +67,8 @@ from genalign.trainers.config import NFT_FAMILIES
 from genalign.trainers.losses.base import LOSSES, PolicyLoss
 from genalign.trainers.losses.forward_process import (
     conditional_settings,
+    load_parameter_copy,
+    parameter_copy_state,
     seeded_noise,
     swapped_trainable_parameters,
     with_reference_kl,
@@ -144,25 +146,11 @@ class NFTLoss(PolicyLoss):
         return {self.decay_metric: eta}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        if self.old_parameters is None:
-            return {}
-        return {
-            f"old.{i:05d}": value.detach().cpu().contiguous() for i, value in enumerate(self.old_parameters)
-        }
+        return parameter_copy_state("old.", self.old_parameters)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        values = [state[key] for key in sorted(state) if key.startswith("old.")]  # a subclass adds others
-        if not values:
-            return
-        if self.old_parameters is not None and len(values) != len(self.old_parameters):
-            raise ValueError(
-                f"checkpoint holds {len(values)} old-policy tensors, expected {len(self.old_parameters)}"
-            )
-        if self.old_parameters is None:
-            self.old_parameters = [v.clone() for v in values]
-        else:
-            for target, value in zip(self.old_parameters, values):
-                target.copy_(value.to(target.device, target.dtype))
+        # a subclass adds keys of its own; only "old." ones are the old policy
+        self.old_parameters = load_parameter_copy(state, "old.", self.old_parameters, "old-policy")
 
     # ---- the loss ------------------------------------------------------------------------------
     def noise(self, trajectory: Trajectory, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

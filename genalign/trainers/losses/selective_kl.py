@@ -42,7 +42,11 @@ from genalign.algorithms.selective_kl import (
     selective_kl_reward_names,
 )
 from genalign.config import ConfigError
-from genalign.trainers.losses.forward_process import swapped_trainable_parameters
+from genalign.trainers.losses.forward_process import (
+    load_parameter_copy,
+    parameter_copy_state,
+    swapped_trainable_parameters,
+)
 
 if TYPE_CHECKING:
     from genalign.trainers.strategies.base import RolloutBatch
@@ -167,9 +171,7 @@ class SelectiveKL:
             f"{STATE_PREFIX}last_reset_epoch": torch.tensor(state["last_reset_epoch"], dtype=torch.int64),
             f"{STATE_PREFIX}reset_pending": torch.tensor(int(state["reset_pending"]), dtype=torch.int64),
         }
-        for i, value in enumerate(self.reference or []):
-            tensors[f"{REFERENCE_PREFIX}{i:05d}"] = value.detach().cpu().contiguous()
-        return tensors
+        return tensors | parameter_copy_state(REFERENCE_PREFIX, self.reference)
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         state = {
@@ -190,18 +192,7 @@ class SelectiveKL:
             }
         )
         self.step_state, self.kl_values = None, []
-        values = [tensors[key] for key in sorted(tensors) if key.startswith(REFERENCE_PREFIX)]
-        if not values:
-            return
-        if self.reference is not None and len(values) != len(self.reference):
-            raise ValueError(
-                f"checkpoint holds {len(values)} reference tensors, expected {len(self.reference)}"
-            )
-        if self.reference is None:
-            self.reference = [value.clone() for value in values]
-        else:
-            for target, value in zip(self.reference, values):
-                target.copy_(value.to(target.device, target.dtype))
+        self.reference = load_parameter_copy(tensors, REFERENCE_PREFIX, self.reference, "reference")
 
 
 def _global_scores(trainer: Any, batch: RolloutBatch, key: str) -> torch.Tensor:
