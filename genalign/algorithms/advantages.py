@@ -66,6 +66,7 @@ def group_advantages(
     groups: torch.Tensor | Sequence[Any] | int,
     std: StdMode = "group",
     eps: float = 1e-4,
+    baseline: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Group-relative advantages (GRPO / Flow-GRPO).
 
@@ -83,6 +84,10 @@ def group_advantages(
             such as the prompts themselves).
         std: which standard deviation divides the centred rewards.
         eps: added to the standard deviation (Flow-GRPO and trl use ``1e-4``).
+        baseline: float ``[B]``, subtracted instead of the group mean: ``A_i = (r_i - b_i) / (s +
+            eps)`` with ``s`` as above (the spread of the rewards themselves). ReMax (Li et al.
+            2023, arXiv 2310.10505, Alg. 1) takes ``b_i`` = the reward of the greedy answer to
+            sample ``i``'s prompt, so only samples that beat the policy's mode are reinforced.
 
     Returns:
         float ``[B]`` advantages in ``rewards``' dtype (at least float32) and device.
@@ -113,15 +118,21 @@ def group_advantages(
     group_mean = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
     group_mean = group_mean.index_add_(0, index, values64) / counts  # [num_groups]
     centred = values64 - group_mean[index]  # [B]
+    if baseline is not None:
+        if baseline.shape != rewards.shape:
+            raise ValueError(f"baseline must have shape {list(rewards.shape)}, got {list(baseline.shape)}")
+        advantages = values64 - baseline.to(device=rewards.device, dtype=torch.float64)  # [B]
+    else:
+        advantages = centred
     if std == "none":
-        return centred.to(dtype)
+        return advantages.to(dtype)
     if std == "global":
         scale = values64.std(unbiased=False).expand(batch_size)  # [B]
     else:
         group_var = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
         group_var = group_var.index_add_(0, index, centred**2) / counts  # [num_groups]
         scale = group_var.sqrt()[index]  # [B]
-    return (centred / (scale + eps)).to(dtype)
+    return (advantages / (scale + eps)).to(dtype)
 
 
 def clip_advantages(advantages: torch.Tensor, max_abs: float) -> torch.Tensor:

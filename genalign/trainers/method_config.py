@@ -395,10 +395,22 @@ class SVGTaskConfig:
     (:func:`genalign.rewards.svg.extract_svg`; ``repair``: close a root cut off by
     ``max_new_tokens``) and, per sample, ``targets`` (the prompt's image, when the pool has
     ``images``) and ``reference_svgs`` (when it has them).
+
+    ``baseline``: ``"group"`` (the group mean, as ``train.advantage: group``) or ``"greedy"``
+    (ReMax, Li et al. 2023: each group's prompt is also answered at ``greedy_temperature`` and that
+    answer's reward replaces the group mean, so a sample is reinforced only when it beats the
+    policy's mode; ``train.advantage_std`` still scales; docs/language.md section 5.2).
     """
 
     task: Literal["image_to_svg", "text_to_svg"] = "image_to_svg"
     repair: bool = True
+    baseline: Literal["group", "greedy"] = "group"
+    greedy_temperature: float = 0.01  # ~greedy (sampling needs a positive temperature)
+
+    def __post_init__(self) -> None:
+        if self.baseline not in ("group", "greedy"):
+            raise ConfigError(f"train.svg.baseline must be 'group' or 'greedy', got {self.baseline!r}")
+        _positive("svg", self, "greedy_temperature")
 
 
 @dataclass

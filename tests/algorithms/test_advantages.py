@@ -25,6 +25,17 @@ def test_group_std_adds_eps_to_std():
     torch.testing.assert_close(advantages, expected)
 
 
+def test_a_baseline_replaces_the_group_mean_and_keeps_the_groups_spread():
+    # ReMax: the greedy answers scored 2.5 (group 0) and 7 (group 1); group stds 1 and 2 as above
+    baseline = torch.tensor([2.5, 2.5, 7.0, 7.0])
+    advantages = group_advantages(REWARDS, 2, std="group", eps=0.0, baseline=baseline)
+    torch.testing.assert_close(advantages, torch.tensor([-1.5, 0.5, -2.5, -0.5]))
+    plain = group_advantages(REWARDS, 2, std="none", baseline=baseline)
+    torch.testing.assert_close(plain, REWARDS - baseline)
+    with pytest.raises(ValueError, match="baseline must have shape"):
+        group_advantages(REWARDS, 2, baseline=baseline[:3])
+
+
 def test_global_std_hand_computed():
     # batch mean 3, deviations (-2, 0, -1, 3): variance 14 / 4 = 3.5; centred in-group (-1, 1, -2, 2)
     advantages = group_advantages(REWARDS, 2, std="global", eps=0.0)

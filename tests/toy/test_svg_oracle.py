@@ -1,5 +1,6 @@
 """The SVG writer's oracle reward (genalign.toy.svg_oracle): ShapesEval on the render, with the scene's
-spec handed through the pool and the svg strategy; and its control recipe runs a GRPO step."""
+spec handed through the pool and the svg strategy; its control recipe runs a GRPO step; and the svg
+strategy's ReMax baseline (`train.svg.baseline: greedy`) is the reward of each group's greedy answer."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.config import ConfigError
 from genalign.rewards import load_reward
+from genalign.rewards.svg import extract_svg_details
 from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import toy_svg_examples, toy_svg_pool
 from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.strategies.base import draw_indexed_groups, step_generator
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -110,3 +114,55 @@ def test_the_svg_strategy_hands_the_specs_to_the_reward_in_a_grpo_step(tmp_path)
     assert batch.rewards.min() >= -1.0 and batch.rewards.max() <= 1.5
     history = trainer.train()
     assert len(history) == 1 and math.isfinite(history[0]["reward_mean"])
+
+
+def test_the_greedy_baseline_is_the_reward_of_each_groups_greedy_answer(tmp_path):
+    config = load_recipe(
+        ORACLE_RECIPE,
+        [
+            f"logging.run_dir={tmp_path}/run",
+            "train.num_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=4",
+            "train.minibatch_size=8",
+            "train.gradient_accumulation_steps=1",
+            "prompts.source_kwargs.count=8",
+            "train.svg.baseline=greedy",
+        ],
+    )
+    trainer = build_trainer(config, base_dir=ROOT)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    greedy = batch.sample_details["greedy_reward"]
+    assert torch.equal(batch.trajectory.group_ids, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
+    assert greedy[:4].unique().numel() == 1 and greedy[4:].unique().numel() == 1  # one per group
+    # each group's input answered at 0.01 (the policy's mode) and scored by the verifier, by hand
+    train = trainer.config.train
+    indices, _, _ = draw_indexed_groups(
+        len(trainer.prompts), train.prompts_per_step, train.group_size, step_generator(train.seed, 0)
+    )
+    rows = indices[[0, 4]]
+    pool = trainer.prompts.metadata
+    answers = trainer.policy.rollout(
+        [trainer.prompts[i] for i in rows.tolist()],
+        seeds=torch.zeros(2, dtype=torch.long),
+        images=pool["images"][rows],
+        temperature=0.01,
+        max_new_tokens=64,
+        chat_template=True,
+    )
+    svgs = [extract_svg_details(text, repair=True).svg or "" for text in answers.completions]
+    expected = load_reward("toy_svg_verifier", mode="mixed")(
+        svgs, [trainer.prompts[i] for i in rows.tolist()], specs=[pool["specs"][i] for i in rows.tolist()]
+    ).scores
+    torch.testing.assert_close(greedy[[0, 4]], expected)
+    spread = torch.stack([batch.rewards[:4].std(unbiased=False), batch.rewards[4:].std(unbiased=False)])
+    want = (batch.rewards - expected.repeat_interleave(4)) / (spread.repeat_interleave(4) + 1e-4)
+    torch.testing.assert_close(batch.advantages, want.clamp(-train.advantage_clip, train.advantage_clip))
+    assert batch.metrics["greedy_reward_mean"] == pytest.approx(float(expected.mean()))
+
+
+def test_the_svg_baseline_option_is_checked():
+    with pytest.raises(ConfigError, match="greedy_temperature must be positive"):
+        load_recipe(ORACLE_RECIPE, ["train.svg.baseline=greedy", "train.svg.greedy_temperature=0"])
+    with pytest.raises(ConfigError, match="baseline"):
+        load_recipe(ORACLE_RECIPE, ["train.svg.baseline=best"])

@@ -19,7 +19,13 @@ whose rows carry each input's metadata; this strategy
    counts missing, repaired and invalid SVGs in the step's metrics (``reward_svg_*``).
 
 Invalid, hostile or timed-out SVGs never raise: the reward floors and counts them (DESIGN.md,
-"Rewards"). Advantages are those of ``groups`` (``train.advantage``).
+"Rewards"). Advantages are those of ``groups`` (``train.advantage``), or with ``train.svg.baseline:
+greedy`` ReMax's (Li et al. 2023, arXiv 2310.10505, Alg. 1): each group's input is also answered
+at ``greedy_temperature`` (~greedy, without gradient), that answer is scored as the samples are, and
+its reward replaces the group mean, ``A_i = (R_i - R_greedy) / (group std + eps)``. GRPO's group
+mean at temperature 1.1 can lie far below the greedy answer's reward, so samples that beat their
+group but not the mode are reinforced and the mode drifts towards them (docs/language.md 5.2);
+against the greedy answer, only samples better than the mode are.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 import torch
 
+from genalign.algorithms import clip_advantages, group_advantages
 from genalign.rewards.svg.extract import extract_svg_details
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.strategies.base import (
@@ -71,18 +78,83 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             self._metadata,
             lambda metadata: metadata.get("images") if config.svg.task == "image_to_svg" else None,
         )
-        found = [extract_svg_details(text, repair=config.svg.repair) for text in trajectory.completions]
+        found = self._extract(trajectory.completions)
         svgs = [f.svg if f.svg is not None else "" for f in found]
         trajectory.extras["svgs"] = svgs
-        reward_metadata: dict[str, Any] = {}
-        if "images" in metadata:
-            reward_metadata["targets"] = metadata["images"].to(context.device)
-        for name in ("reference_svgs", "specs"):  # specs: the toy oracle's (genalign.toy.svg_oracle)
-            if name in metadata:
-                reward_metadata[name] = metadata[name]
+        reward_metadata = self._reward_metadata(context, metadata)
         rewards, details = context.score(trajectory, outputs=svgs, **reward_metadata)
         details.update(self._counts(context, found, details, len(prompts)))
-        return RolloutBatch.of_groups(context, trajectory, rewards, details, rows, prompts, group_ids)
+        fields: dict[str, Any] = {}
+        if config.svg.baseline == "greedy":
+            greedy = self._greedy_rewards(context, trajectory, metadata, reward_metadata)
+            fields["sample_details"] = {"greedy_reward": greedy}
+            fields["metrics"] = {"greedy_reward_mean": float(context.gather(greedy).mean())}
+        return RolloutBatch.of_groups(
+            context, trajectory, rewards, details, rows, prompts, group_ids, **fields
+        )
+
+    def _extract(self, completions: list[str]) -> list:
+        return [extract_svg_details(text, repair=self.config.svg.repair) for text in completions]
+
+    @staticmethod
+    def _reward_metadata(context: RolloutContext, metadata: dict[str, Any]) -> dict[str, Any]:
+        """The reward's per-sample metadata: the row's image as ``targets``, its ``reference_svgs``
+        and, where the pool has them, ``specs`` (the toy oracle's, genalign.toy.svg_oracle)."""
+        out: dict[str, Any] = {}
+        if "images" in metadata:
+            out["targets"] = metadata["images"].to(context.device)
+        for name in ("reference_svgs", "specs"):
+            if name in metadata:
+                out[name] = metadata[name]
+        return out
+
+    @torch.no_grad()
+    def _greedy_rewards(
+        self,
+        context: RolloutContext,
+        trajectory: Any,
+        metadata: dict[str, Any],
+        reward_metadata: dict[str, Any],
+    ) -> torch.Tensor:
+        """ReMax's baseline ``[B_local]``: the reward of a ~greedy answer to each local group's
+        input (one rollout per group, at ``train.svg.greedy_temperature``), per sample."""
+        groups = trajectory.group_ids.tolist()
+        first = {g: groups.index(g) for g in dict.fromkeys(groups)}  # group -> its first local sample
+        index = torch.tensor(list(first.values()), dtype=torch.long)
+        images = metadata["images"][index] if self.config.svg.task == "image_to_svg" else None
+        kwargs = context.rollout_kwargs() | {"temperature": self.config.svg.greedy_temperature}
+        with context.precision():
+            answers = context.policy.rollout(
+                [trajectory.prompts[i] for i in index.tolist()],
+                seeds=torch.zeros(len(index), dtype=torch.long),
+                images=images,
+                **kwargs,
+            )
+        svgs = [f.svg if f.svg is not None else "" for f in self._extract(answers.completions)]
+        picked = {
+            name: value[index.to(value.device)]
+            if torch.is_tensor(value)
+            else [value[i] for i in index.tolist()]
+            for name, value in reward_metadata.items()
+        }
+        scores, _ = context.score(answers, outputs=svgs, **picked)
+        position = {g: k for k, g in enumerate(first)}
+        return scores[torch.tensor([position[g] for g in groups], device=scores.device)]
+
+    def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
+        if self.config.svg.baseline != "greedy":
+            super().assign_advantages(batch, context)
+            return
+        config = self.config
+        baseline = context.gather(batch.sample_details["greedy_reward"]).cpu().float()
+        rewards = batch.global_rewards.float()
+        group_mean = rewards - group_advantages(rewards, batch.global_group_ids, std="none")
+        baseline = torch.where(torch.isfinite(baseline), baseline, group_mean)  # a failed score: the mean
+        advantages = group_advantages(
+            rewards, batch.global_group_ids, std=config.advantage_std, baseline=baseline
+        )
+        advantages = clip_advantages(advantages.float(), config.advantage_clip)
+        batch.advantages = advantages[batch.global_index].to(context.device)
 
     @staticmethod
     def _counts(
