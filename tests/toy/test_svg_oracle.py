@@ -84,20 +84,20 @@ def test_the_oracle_recipe_differs_from_the_rl_recipe_only_in_its_reward(tmp_pat
     assert {k: v for k, v in oracle.prompts.source_kwargs.items() if k != "specs"} == rl.prompts.source_kwargs
 
 
+def one_step_trainer(tmp_path, *overrides: str):
+    """The oracle recipe for one step of 2 scenes x 4 samples from the shipped writer."""
+    small = ["train.num_steps=1", "train.prompts_per_step=2", "train.group_size=4"]
+    small += [
+        "train.minibatch_size=8",
+        "train.gradient_accumulation_steps=1",
+        "prompts.source_kwargs.count=8",
+    ]
+    config = load_recipe(ORACLE_RECIPE, [f"logging.run_dir={tmp_path}/run", *small, *overrides])
+    return build_trainer(config, base_dir=ROOT)
+
+
 def test_the_svg_strategy_hands_the_specs_to_the_reward_in_a_grpo_step(tmp_path):
-    config = load_recipe(
-        ORACLE_RECIPE,
-        [
-            f"logging.run_dir={tmp_path}/run",
-            "train.num_steps=1",
-            "train.prompts_per_step=2",
-            "train.group_size=4",
-            "train.minibatch_size=8",
-            "train.gradient_accumulation_steps=1",
-            "prompts.source_kwargs.count=8",
-        ],
-    )
-    trainer = build_trainer(config, base_dir=ROOT)
+    trainer = one_step_trainer(tmp_path)
     seen = {}
     reward = trainer.reward
 
@@ -117,20 +117,7 @@ def test_the_svg_strategy_hands_the_specs_to_the_reward_in_a_grpo_step(tmp_path)
 
 
 def test_the_greedy_baseline_is_the_reward_of_each_groups_greedy_answer(tmp_path):
-    config = load_recipe(
-        ORACLE_RECIPE,
-        [
-            f"logging.run_dir={tmp_path}/run",
-            "train.num_steps=1",
-            "train.prompts_per_step=2",
-            "train.group_size=4",
-            "train.minibatch_size=8",
-            "train.gradient_accumulation_steps=1",
-            "prompts.source_kwargs.count=8",
-            "train.svg.baseline=greedy",
-        ],
-    )
-    trainer = build_trainer(config, base_dir=ROOT)
+    trainer = one_step_trainer(tmp_path, "train.svg.baseline=greedy")
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     greedy = batch.sample_details["greedy_reward"]
     assert torch.equal(batch.trajectory.group_ids, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
