@@ -400,16 +400,26 @@ class SVGTaskConfig:
     (ReMax, Li et al. 2023: each group's prompt is also answered at ``greedy_temperature`` and that
     answer's reward replaces the group mean, so a sample is reinforced only when it beats the
     policy's mode; ``train.advantage_std`` still scales; docs/language.md section 5.2).
+    ``credit`` (with the greedy baseline): ``"sequence"`` (every completion token carries the
+    sample's advantage) or ``"divergence"`` (only the tokens from the first one where the sample
+    leaves its group's greedy answer: the shared prefix is the mode's, not the sample's choice).
     """
 
     task: Literal["image_to_svg", "text_to_svg"] = "image_to_svg"
     repair: bool = True
     baseline: Literal["group", "greedy"] = "group"
     greedy_temperature: float = 0.01  # ~greedy (sampling needs a positive temperature)
+    credit: Literal["sequence", "divergence"] = "sequence"
 
     def __post_init__(self) -> None:
         if self.baseline not in ("group", "greedy"):
             raise ConfigError(f"train.svg.baseline must be 'group' or 'greedy', got {self.baseline!r}")
+        if self.credit not in ("sequence", "divergence"):
+            raise ConfigError(f"train.svg.credit must be 'sequence' or 'divergence', got {self.credit!r}")
+        if self.credit == "divergence" and self.baseline != "greedy":
+            raise ConfigError(
+                "train.svg.credit 'divergence' needs train.svg.baseline 'greedy' (its greedy answers)"
+            )
         _positive("svg", self, "greedy_temperature")
 
 

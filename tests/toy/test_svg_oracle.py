@@ -17,6 +17,7 @@ from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import toy_svg_examples, toy_svg_pool
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.strategies.base import draw_indexed_groups, step_generator
+from genalign.trainers.strategies.svg import divergence_mask
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -153,3 +154,27 @@ def test_the_svg_baseline_option_is_checked():
         load_recipe(ORACLE_RECIPE, ["train.svg.baseline=greedy", "train.svg.greedy_temperature=0"])
     with pytest.raises(ConfigError, match="baseline"):
         load_recipe(ORACLE_RECIPE, ["train.svg.baseline=best"])
+
+
+def test_divergence_credit_keeps_the_tokens_from_the_first_difference_from_the_greedy_answer():
+    samples = torch.tensor([[5, 6, 7, 0], [5, 9, 7, 0], [5, 6, 7, 8], [1, 6, 7, 0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
+    greedy = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, 7]])  # shorter than the samples
+    kept = divergence_mask(samples, mask, greedy)
+    # row 0 is the greedy answer (nothing kept); row 1 differs at 1; row 2 goes on past it; row 3 at 0
+    assert kept.tolist() == [[0, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1], [1, 1, 1, 0]]
+    with pytest.raises(ConfigError, match="needs train.svg.baseline 'greedy'"):
+        load_recipe(ORACLE_RECIPE, ["train.svg.credit=divergence"])
+
+
+def test_a_divergence_step_trains_only_past_each_samples_first_difference(tmp_path):
+    trainer = one_step_trainer(tmp_path, "train.svg.baseline=greedy", "train.svg.credit=divergence")
+    full = one_step_trainer(tmp_path / "full", "train.svg.baseline=greedy")
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    plain = full.strategy.collect(full.rollout_context(), 0)
+    assert torch.equal(batch.trajectory.completion_ids, plain.trajectory.completion_ids)  # same rollout
+    kept, everything = batch.trajectory.completion_mask, plain.trajectory.completion_mask
+    assert (kept <= everything).all() and kept.sum() < everything.sum()
+    assert 0 < batch.metrics["divergence_token_fraction"] < 1
+    history = trainer.train()
+    assert len(history) == 1 and math.isfinite(history[0]["reward_mean"])

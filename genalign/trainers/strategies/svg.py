@@ -25,7 +25,10 @@ at ``greedy_temperature`` (~greedy, without gradient), that answer is scored as 
 its reward replaces the group mean, ``A_i = (R_i - R_greedy) / (group std + eps)``. GRPO's group
 mean at temperature 1.1 can lie far below the greedy answer's reward, so samples that beat their
 group but not the mode are reinforced and the mode drifts towards them (docs/language.md 5.2);
-against the greedy answer, only samples better than the mode are.
+against the greedy answer, only samples better than the mode are. With ``train.svg.credit:
+divergence`` a sample's advantage is carried only by its tokens from the first one where it leaves
+its group's greedy answer (:func:`divergence_mask`); the prefix it shares with the mode is not its
+own choice, and a sequence-level advantage would push the mode's prefix with it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,19 @@ from genalign.trainers.strategies.base import (
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 
-__all__ = ["SVGTaskStrategy", "draw_indexed_groups"]
+__all__ = ["SVGTaskStrategy", "divergence_mask", "draw_indexed_groups"]
+
+
+def divergence_mask(samples: torch.Tensor, mask: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``mask`` ``[B, L]`` with each row's tokens before its first difference from ``reference``
+    ``[B, L']`` (the row's greedy answer, right-padded) set to 0: a row equal to its reference over
+    its whole completion keeps no token. Positions past ``L'`` count as different."""
+    length = samples.shape[1]
+    shared = torch.zeros_like(mask, dtype=torch.bool)
+    width = min(length, reference.shape[1])
+    shared[:, :width] = samples[:, :width] == reference[:, :width].to(samples.device)
+    prefix = torch.cumprod(shared.long(), dim=1).bool()  # [B, L]: True while every token so far matched
+    return mask * (~prefix).to(mask.dtype)
 
 
 @STRATEGIES.register("svg")
@@ -86,9 +101,17 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         details.update(self._counts(context, found, details, len(prompts)))
         fields: dict[str, Any] = {}
         if config.svg.baseline == "greedy":
-            greedy = self._greedy_rewards(context, trajectory, metadata, reward_metadata)
+            greedy, answers = self._greedy_rewards(context, trajectory, metadata, reward_metadata)
             fields["sample_details"] = {"greedy_reward": greedy}
             fields["metrics"] = {"greedy_reward_mean": float(context.gather(greedy).mean())}
+            if config.svg.credit == "divergence":
+                before = trajectory.completion_mask.sum()
+                trajectory.completion_mask = divergence_mask(
+                    trajectory.completion_ids, trajectory.completion_mask, answers
+                )
+                fields["metrics"]["divergence_token_fraction"] = float(
+                    trajectory.completion_mask.sum() / before.clamp(min=1)
+                )
         return RolloutBatch.of_groups(
             context, trajectory, rewards, details, rows, prompts, group_ids, **fields
         )
@@ -115,9 +138,10 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         trajectory: Any,
         metadata: dict[str, Any],
         reward_metadata: dict[str, Any],
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ReMax's baseline ``[B_local]``: the reward of a ~greedy answer to each local group's
-        input (one rollout per group, at ``train.svg.greedy_temperature``), per sample."""
+        input (one rollout per group, at ``train.svg.greedy_temperature``), per sample; and that
+        answer's completion tokens per sample ``[B_local, L']``."""
         groups = trajectory.group_ids.tolist()
         first = {g: groups.index(g) for g in dict.fromkeys(groups)}  # group -> its first local sample
         index = torch.tensor(list(first.values()), dtype=torch.long)
@@ -138,8 +162,8 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             for name, value in reward_metadata.items()
         }
         scores, _ = context.score(answers, outputs=svgs, **picked)
-        position = {g: k for k, g in enumerate(first)}
-        return scores[torch.tensor([position[g] for g in groups], device=scores.device)]
+        position = torch.tensor([list(first).index(g) for g in groups])
+        return scores[position.to(scores.device)], answers.completion_ids[position]
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
         if self.config.svg.baseline != "greedy":
