@@ -70,7 +70,7 @@ class SVGTaskStrategy(GroupRolloutStrategy):
     """Prompt groups of an SVG task with per-sample metadata for the reward (module docstring).
 
     Options: ``train.svg`` (:class:`~genalign.trainers.method_config.SVGTaskConfig`: ``task``,
-    ``repair``) and the advantages of ``groups``.
+    ``repair``, ``baseline``, ``greedy_temperature``, ``credit``) and the advantages of ``groups``.
     """
 
     def _metadata(self, pool: Any, rows: torch.Tensor) -> dict[str, Any]:
