@@ -1,7 +1,7 @@
 """Rewards: the protocol, the registry and every reward model (see base.py for the contract).
 
-Importing this package registers every reward (``shapes_eval`` and ``toy_video_eval`` lazily:
-their modules are imported when the reward is first loaded):
+Importing this package registers every reward (``shapes_eval``, ``toy_video_eval`` and
+``toy_svg_verifier`` lazily: their modules are imported when the reward is first loaded):
 
 =========================  ==========================================================  =====
 name                       what                                                        grad
@@ -23,6 +23,7 @@ name                       what                                                 
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 ``video``                  any image reward per frame; top-30% / mean / min per video  if it
 ``toy_video_eval``         toy video verifier: objects, motion, relations from frames   no
+``toy_svg_verifier``       toy oracle for SVG writers: ShapesEval on each SVG's render  no
 =========================  ==========================================================  =====
 """
 
