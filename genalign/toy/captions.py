@@ -32,6 +32,7 @@ uses ``n + 1``, making the count exact). :func:`parse_caption` reads any caption
 
 from __future__ import annotations
 
+import abc
 import copy
 import re
 from collections.abc import Sequence
@@ -185,7 +186,7 @@ _Captioned = TypeVar("_Captioned", bound="CaptionedSpec")
 
 
 @dataclass(frozen=True)
-class CaptionedSpec:
+class CaptionedSpec(abc.ABC):
     """A caption, its category and the spec a verifier checks: the common form of
     :class:`~genalign.toy.prompts.PromptSpec` (images) and
     :class:`~genalign.toy.video.prompts.VideoPromptSpec` (videos), which name the validator of their
@@ -196,8 +197,9 @@ class CaptionedSpec:
     spec: Spec
 
     @staticmethod
+    @abc.abstractmethod
     def validate(spec: Spec) -> None:
-        raise NotImplementedError
+        """Raise if ``spec`` is outside this grammar (each subclass names its validator)."""
 
     @classmethod
     def from_spec(cls: type[_Captioned], spec: Spec) -> _Captioned:

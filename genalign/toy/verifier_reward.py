@@ -5,6 +5,7 @@ score and the per-sample details."""
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from genalign.toy.captions import CaptionParseError, Spec
 __all__ = ["VerifierReward"]
 
 
-class VerifierReward(Reward):
+class VerifierReward(Reward, abc.ABC):
     """A toy verifier as a reward: 1.0 when the sample satisfies its prompt's spec, else 0.0; with
     ``partial=True`` the fraction of atomic checks passed (1.0 exactly when the sample is correct).
 
@@ -41,17 +42,17 @@ class VerifierReward(Reward):
         self.config = config or self.config_type()
 
     # -- to implement -------------------------------------------------------------------------------
+    @abc.abstractmethod
     def spec_of(self, item: Any) -> Spec:
         """A validated spec from an item of ``metadata["specs"]`` (a spec dict or a prompt spec)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def parse(self, prompt: str) -> Spec:
         """The spec of a prompt; raises :class:`CaptionParseError` outside the grammar."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def check(self, sample: torch.Tensor, spec: Spec) -> tuple[Any, list[dict[str, Any]]]:
         """The verdict on one sample (``correct``, ``fraction``, ``reasons``) and what was found."""
-        raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------------------
     def _specs(self, prompts: Sequence[str], specs: Sequence[Any] | None) -> list[Spec | None]:

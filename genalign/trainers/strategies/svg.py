@@ -163,7 +163,8 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             for name, value in reward_metadata.items()
         }
         scores, _ = context.score(answers, outputs=svgs, **picked)
-        position = torch.tensor([list(first).index(g) for g in groups])
+        order = {g: k for k, g in enumerate(first)}  # group -> its row among the greedy answers
+        position = torch.tensor([order[g] for g in groups])
         return scores[position.to(scores.device)], answers.completion_ids[position]
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
