@@ -6,7 +6,8 @@ candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.to
 token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
 supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
 and prompt retention), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
-and perception term), :mod:`.astrolabe` (Astrolabe's x0-space forward-process loss and old-policy
+and perception term), :mod:`.rank_fidelity` (VisualQuality-R1's Thurstone ranking reward),
+:mod:`.astrolabe` (Astrolabe's x0-space forward-process loss and old-policy
 update) and :mod:`.selective_kl` (its selective KL: rank disagreement, the adaptive fraction and the
 lagging reference's reset rule).
 
@@ -26,6 +27,7 @@ from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_fun
 from genalign.algorithms.nft import *  # noqa: F403
 from genalign.algorithms.prompt_rewrite import *  # noqa: F403
 from genalign.algorithms.q_hawkeye import *  # noqa: F403
+from genalign.algorithms.rank_fidelity import *  # noqa: F403
 from genalign.algorithms.refl import *  # noqa: F403
 from genalign.algorithms.rwr import *  # noqa: F403
 from genalign.algorithms.selection import *  # noqa: F403
@@ -44,6 +46,7 @@ _REEXPORTED = (
     "nft",
     "prompt_rewrite",
     "q_hawkeye",
+    "rank_fidelity",
     "refl",
     "rwr",
     "selection",

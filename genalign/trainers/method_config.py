@@ -454,6 +454,9 @@ class QHawkeyeConfig:
     (None: ``train.num_steps``; 0: constant); ``perception_clamp``: the per-token k3 clamp (10);
     ``ratio_clip``: clip the token ratio to ``train.token_ppo``'s range (false: the official loss,
     ``exp(logp - sg(logp)) * A``, whose ``epsilon_high`` is passed but never used).
+    ``rank_weight``: weight of a ranking term added to each completion's reward before the
+    advantages, VisualQuality-R1's Thurstone fidelity against the step's other images
+    (:func:`genalign.algorithms.thurstone_fidelity_rewards`; not in Q-Hawkeye: 0, the official run).
     """
 
     uncertainty: bool = True
@@ -464,9 +467,11 @@ class QHawkeyeConfig:
     perception_anneal_steps: int | None = None
     perception_clamp: float = 10.0
     ratio_clip: bool = False
+    rank_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _non_negative("q_hawkeye", self, "alpha")
+        _non_negative("q_hawkeye", self, "rank_weight")
         if self.score_max <= self.score_min:
             raise ConfigError(
                 f"train.q_hawkeye.score_max {self.score_max} must exceed train.q_hawkeye.score_min {self.score_min}"

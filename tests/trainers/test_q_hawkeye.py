@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genalign.algorithms import parse_answer_score, uncertainty_aware_advantages
+from genalign.algorithms import parse_answer_score, thurstone_fidelity_rewards, uncertainty_aware_advantages
 from genalign.config import ConfigError
 from genalign.policies import TokenSettings
 from genalign.rewards import load_reward
@@ -183,6 +183,40 @@ def test_the_reward_gets_each_samples_mos_and_advantages_are_uncertainty_aware(t
     )
 
 
+def test_the_ranking_term_adds_the_thurstone_fidelity_against_the_other_images(tmp_path, monkeypatch):
+    plain = make_trainer(tmp_path / "plain", "train.num_steps=1")
+    ranked = make_trainer(tmp_path / "ranked", "train.num_steps=1", "train.q_hawkeye.rank_weight=0.5")
+    answers = [
+        "<think>a</think><answer>4.00</answer>",
+        "<think>a</think><answer>2.50</answer>",
+        "<think>a</think><answer>3.00</answer>",
+        "no answer",
+    ] * 2
+    for trainer in (plain, ranked):
+        original = trainer.policy.rollout
+
+        def scripted(*args, _original=original, **kwargs):
+            trajectory = _original(*args, **kwargs)
+            trajectory.completions = list(answers)
+            return trajectory
+
+        monkeypatch.setattr(trainer.policy, "rollout", scripted)
+    base = plain.strategy.collect(plain.rollout_context(), 0)
+    batch = ranked.strategy.collect(ranked.rollout_context(), 0)
+    rows, groups, _ = draw_indexed_groups(
+        len(ranked.prompts), 2, 4, step_generator(ranked.config.train.seed, 0)
+    )
+    mos = ranked.prompts.metadata["mos"][rows]
+    ranking = thurstone_fidelity_rewards(batch.global_scores, groups, mos)
+    assert ranking[:3].gt(0).all() and ranking[3] == 0  # the unparsed answer gets no ranking reward
+    torch.testing.assert_close(batch.rewards.cpu(), base.rewards.cpu() + 0.5 * ranking)
+    torch.testing.assert_close(batch.global_rewards, base.global_rewards + 0.5 * ranking)
+    assert batch.details["rank_fidelity_mean"] == pytest.approx(float(ranking.mean()))
+    assert "rank_fidelity_mean" not in base.details
+    want = uncertainty_aware_advantages(batch.global_rewards, groups, batch.global_scores)
+    torch.testing.assert_close(batch.advantages.cpu(), want)
+
+
 def test_the_perception_term_needs_the_degraded_copy(tmp_path):
     trainer = make_trainer(tmp_path, "train.num_steps=1")
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
@@ -211,6 +245,7 @@ def test_gamma_anneals_over_the_configured_steps(tmp_path):
         ("train.q_hawkeye.perception_gamma=-1", "train.q_hawkeye.perception_gamma must be >= 0"),
         ("train.q_hawkeye.score_max=0.5", "train.q_hawkeye.score_max 0.5 must exceed"),
         ("train.q_hawkeye.perception_anneal_steps=-2", "train.q_hawkeye.perception_anneal_steps"),
+        ("train.q_hawkeye.rank_weight=-1", "train.q_hawkeye.rank_weight must be >= 0"),
         ("train.strategy=groups", "train.method 'q_hawkeye' rolls out with train.strategy 'q_hawkeye'"),
         ("model.family=sd", "train.method 'q_hawkeye' is for the 'language' family"),
     ],

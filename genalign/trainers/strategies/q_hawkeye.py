@@ -12,12 +12,16 @@ judge is shown an image with the IQA question and samples G completions
    loss re-scores the completion with them; the prompt tokens must be the same);
 3. scores the completions with the row's ``mos`` as metadata (the ``iqa_answer`` reward) and parses
    each answer's score (UA-GRPO's parser; NaN when none);
-4. assigns uncertainty-aware advantages: ``A = (R - mean_g) / (unbiased std_g + 1e-4)`` times
+4. with ``train.q_hawkeye.rank_weight`` w > 0, adds ``w`` times VisualQuality-R1's ranking term to
+   each reward: the Thurstone fidelity of its parsed score against every other image of the step
+   (:func:`genalign.algorithms.thurstone_fidelity_rewards`, over all processes' images; not part
+   of Q-Hawkeye, whose accuracy term compares an answer with its own image's MOS only);
+5. assigns uncertainty-aware advantages: ``A = (R - mean_g) / (unbiased std_g + 1e-4)`` times
    ``exp(-alpha clip(Var_pop(parsed scores of g) / 4, 0, 1))``
    (:func:`genalign.algorithms.q_hawkeye.uncertainty_aware_advantages`; without the weight when
    ``train.q_hawkeye.uncertainty`` is false), clipped to ``train.advantage_clip``.
 
-Metrics: ``reward_answer_unparsed`` (completions without a parsable score over all processes),
+Metrics: ``reward_rank_fidelity_mean`` (the ranking term's mean, when on), ``reward_answer_unparsed`` (completions without a parsable score over all processes),
 ``ua_weight_mean`` (the mean uncertainty weight, logged also when the weight is off), and the
 learning signal the MOS carries apart from the format (:func:`accuracy_signal`):
 ``accuracy_group_std``, ``accuracy_zero_variance_groups``, ``accuracy_parsed_group_std`` and
@@ -36,6 +40,7 @@ from genalign.algorithms import (
     group_reward_statistics,
     parse_answer_score,
     score_uncertainty_weights,
+    thurstone_fidelity_rewards,
     uncertainty_aware_advantages,
 )
 from genalign.trainers.losses.q_hawkeye import DEGRADED_PREFIX
@@ -135,6 +140,12 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         scores = torch.tensor([float("nan") if p is None else p for p in parsed], dtype=torch.float32)
         global_scores = context.gather(scores.to(context.device)).cpu()
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
+        rank_weight = self.config.q_hawkeye.rank_weight
+        if rank_weight > 0:  # VisualQuality-R1's ranking term: each score against the step's other images
+            global_mos = context.gather(mos.to(context.device)).cpu()
+            ranking = thurstone_fidelity_rewards(global_scores, group_ids, global_mos)
+            rewards = rewards + rank_weight * ranking[rows].to(rewards)
+            details["rank_fidelity_mean"] = float(ranking.mean())
         metrics = {}
         if "accuracy" in per_sample:  # the iqa_answer reward: is there a signal beyond the format?
             accuracy = context.gather(per_sample["accuracy"]).cpu()
