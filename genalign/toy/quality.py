@@ -118,14 +118,23 @@ def toy_quality_pool(
     teacher: str | None = None,
     teacher_samples: int = 0,
     teacher_answer: str = "expected",
+    mos_targets: bool = False,
 ) -> PromptPool:
     """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
     ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
     ``degradation_seed``; with ``teacher``, SFT targets in ``completions`` (:func:`judge_answers`
     with ``samples=teacher_samples``, ``answer=teacher_answer``; N > 0 samples repeat each image
-    N times, one target each)."""
+    N times, one target each); with ``mos_targets``, one SFT target per image written from its MOS
+    label instead (``<think>The quality of the image is WORD</think><answer>M.00</answer>``, ``WORD``
+    the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline."""
+    if mos_targets and teacher is not None:
+        raise ValueError("give either teacher (the teacher's ratings as targets) or mos_targets, not both")
     images, mos, records = quality_renders(split, scenes, seed)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
+    if mos_targets:
+        columns["completions"] = [
+            f"<think>{TOY_THINK} {LEVEL_WORDS[int(m)]}</think><answer>{m:.2f}</answer>" for m in mos
+        ]
     if teacher is not None:
         targets = judge_answers(images, teacher, samples=teacher_samples, answer=teacher_answer, seed=seed)
         copies = len(targets[0])

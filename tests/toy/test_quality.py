@@ -58,6 +58,18 @@ def test_the_pool_keeps_degraded_copies_and_mos():
     assert "completions" not in pool.metadata
 
 
+def test_mos_targets_write_each_renders_label_in_the_answer_format():
+    pool = toy_quality_pool("train", scenes=1, seed=0, mos_targets=True)
+    mos = pool.metadata["mos"].tolist()
+    assert mos == [5.0, 4.0, 3.0, 2.0] * 3
+    targets = pool.metadata["completions"]
+    assert targets[1] == "<think>The quality of the image is good</think><answer>4.00</answer>"
+    assert [parse_answer_score(t) for t in targets] == mos
+    assert all(format_reward(t) == 0.8 for t in targets)
+    with pytest.raises(ValueError, match="either teacher"):
+        toy_quality_pool("train", scenes=1, teacher=str(TOY_VLM), mos_targets=True)
+
+
 def test_warm_start_targets_are_the_teachers_own_rating_in_the_answer_format():
     images, _, _ = quality_renders("train", scenes=1, seed=0)
     picked = images[[0, 3, 7]]  # clean, blur level 3, jpeg level 3

@@ -349,6 +349,42 @@ def test_the_final_folder_is_an_iqa_reward_asking_the_trained_question(tmp_path)
     assert load_reward("iqa", model=str(sft_trainer.run_dir / "final")).answer is None
 
 
+def test_the_trained_judge_drives_a_generator_run(tmp_path):
+    judge_run = make_trainer(tmp_path / "judge", "train.num_steps=1")
+    judge_run.train()
+    final = judge_run.run_dir / "final"
+    recipe = TOY.parent / "nft_iqa_judge.yaml"
+    config = load_recipe(
+        recipe,
+        [
+            f"logging.run_dir={tmp_path}/generator",
+            "logging.progress=false",
+            "logging.sample_every=0",
+            "model.path=tiny:sd",
+            f"reward.kwargs.model={final}",
+            "reward.kwargs.max_new_tokens=8",
+            "reward.monitors={}",
+            "prompts.file=null",
+            "prompts.prompts=[a red circle, a blue square]",
+            "sampling.num_inference_steps=4",
+            "train.num_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=2",
+            "train.minibatch_size=4",
+        ],
+    )
+    assert config.reward.kwargs["model"] == str(final)
+    trainer = build_trainer(config, base_dir=recipe.parent)
+    assert trainer.reward.answer is not None  # the judge's iqa_judge.json made it an answer judge
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    judge = load_reward("iqa", model=str(final), max_new_tokens=8)
+    torch.testing.assert_close(batch.rewards.cpu(), judge(batch.trajectory.outputs, None).scores.cpu())
+    trainer.train()
+    (row,) = [json.loads(line) for line in trainer.metrics_path.read_text().splitlines()]
+    assert 1.0 <= row["reward_mean"] <= 5.0  # the judge's clamped answers
+    assert (trainer.run_dir / "final").is_dir()
+
+
 def test_frozen_prefixes_get_no_update_and_a_typo_is_named(tmp_path):
     trainer = make_trainer(tmp_path, "train.num_steps=1", "model.frozen=[model.vision_tower]")
     before = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
