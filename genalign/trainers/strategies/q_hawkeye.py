@@ -21,7 +21,8 @@ judge is shown an image with the IQA question and samples G completions
    (:func:`genalign.algorithms.q_hawkeye.uncertainty_aware_advantages`; without the weight when
    ``train.q_hawkeye.uncertainty`` is false), clipped to ``train.advantage_clip``.
 
-Metrics: ``reward_rank_fidelity_mean`` (the ranking term's mean, when on), ``reward_answer_unparsed`` (completions without a parsable score over all processes),
+Metrics: ``reward_rank_fidelity_mean`` (the ranking term's mean, when on),
+``reward_answer_unparsed`` (completions without a parsable score over all processes),
 ``ua_weight_mean`` (the mean uncertainty weight, logged also when the weight is off), and the
 learning signal the MOS carries apart from the format (:func:`accuracy_signal`):
 ``accuracy_group_std``, ``accuracy_zero_variance_groups``, ``accuracy_parsed_group_std`` and
