@@ -203,7 +203,7 @@ def test_perception_k3_against_a_per_token_loop_with_padding_and_the_clamp():
 def test_perception_term_is_zero_for_equal_distributions_and_pushes_them_apart():
     log_probs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     term, mean = perception_term(log_probs, log_probs.detach().clone(), torch.ones(1, 2), 1.0)
-    assert float(term) == 0.0 and float(mean) == 0.0
+    assert term.item() == 0.0 and mean.item() == 0.0
     # with the degraded log-probs higher, the gradient step lowers log p_orig further (apart)
     term, _ = perception_term(log_probs, log_probs.detach() + 0.5, torch.ones(1, 2), 1.0)
     term.backward()
