@@ -62,22 +62,25 @@ def thurstone_fidelity_rewards(
     scores, mos = scores.double().cpu(), mos.double().cpu()
     groups, inverse = torch.unique(group_ids.cpu(), return_inverse=True)
     parsed = torch.isfinite(scores)
-    count = torch.zeros(len(groups), dtype=torch.float64).index_add_(0, inverse, parsed.double())
-    filled = torch.where(parsed, scores, torch.zeros_like(scores))
-    mean = torch.zeros(len(groups), dtype=torch.float64).index_add_(0, inverse, filled) / count.clamp(min=1)
-    squares = torch.where(parsed, (scores - mean[inverse]) ** 2, torch.zeros_like(scores))
-    var = torch.zeros(len(groups), dtype=torch.float64).index_add_(0, inverse, squares)
-    var = torch.where(count > 1, var / (count - 1).clamp(min=1), torch.zeros_like(var))
-    group_mos = torch.zeros(len(groups), dtype=torch.float64).index_copy_(0, inverse, mos)
-    if not torch.allclose(group_mos[inverse], mos):
-        raise ValueError("mos must be equal within each group (one image per group)")
+    mean = torch.full((len(groups),), float("nan"), dtype=torch.float64)  # NaN: no parsed score
+    var = torch.zeros(len(groups), dtype=torch.float64)
+    group_mos = torch.empty(len(groups), dtype=torch.float64)
+    for g in range(len(groups)):
+        members = inverse == g
+        if not torch.allclose(mos[members], mos[members][0].expand(int(members.sum()))):
+            raise ValueError("mos must be equal within each group (one image per group)")
+        group_mos[g] = mos[members][0]
+        valid = scores[members & parsed]
+        if valid.numel():
+            mean[g] = valid.mean()
+            var[g] = valid.var() if valid.numel() > 1 else 0.0  # unbiased, as the official torch.var
 
     # [B, G]: each completion against each image
     z = (scores[:, None] - mean[None, :]) / torch.sqrt(var[inverse][:, None] + var[None, :] + gamma)
     p = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0)))
     truth = torch.sign(mos[:, None] - group_mos[None, :]) * 0.5 + 0.5
     fidelity = torch.sqrt(truth * p + eps) + torch.sqrt((1.0 - truth) * (1.0 - p) + eps)
-    comparable = (count > 0)[None, :] & (inverse[:, None] != torch.arange(len(groups))[None, :])
+    comparable = mean.isfinite()[None, :] & (inverse[:, None] != torch.arange(len(groups))[None, :])
     total = torch.where(comparable, fidelity, torch.zeros_like(fidelity)).sum(-1)
     others = comparable.sum(-1)
     rewards = torch.where(parsed & (others > 0), total / others.clamp(min=1), torch.zeros_like(total))

@@ -35,7 +35,14 @@ from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.quality_pool import quality_pool_of
 from genalign.utils.degradations import DEGRADATION_KINDS, degradation_pair
 
-__all__ = ["TOY_QUESTION", "judge_answers", "quality_renders", "toy_quality_pool", "write_quality_set"]
+__all__ = [
+    "TOY_QUESTION",
+    "answer_target",
+    "judge_answers",
+    "quality_renders",
+    "toy_quality_pool",
+    "write_quality_set",
+]
 
 LEVEL_WORDS = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}  # Q-Align's levels
 # toy-vlm's own Q-Align question and answer prefix: its image-to-rating mapping lives after them
@@ -102,10 +109,14 @@ def judge_answers(
     for score, drawn in zip(expected.tolist(), levels.tolist()):
         words = [LEVEL_WORDS[int(level)] for level in drawn]
         values = [score] * len(drawn) if answer == "expected" else [float(level) for level in drawn]
-        targets.append(
-            [f"<think>{TOY_THINK} {w}</think><answer>{v:.2f}</answer>" for w, v in zip(words, values)]
-        )
+        targets.append([answer_target(w, v) for w, v in zip(words, values)])
     return targets
+
+
+def answer_target(word: str, value: float) -> str:
+    """A warm-start target: ``<think>The quality of the image is WORD</think><answer>V</answer>``
+    with ``V`` to two decimals."""
+    return f"<think>{TOY_THINK} {word}</think><answer>{value:.2f}</answer>"
 
 
 def toy_quality_pool(
@@ -132,9 +143,7 @@ def toy_quality_pool(
     images, mos, records = quality_renders(split, scenes, seed)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
     if mos_targets:
-        columns["completions"] = [
-            f"<think>{TOY_THINK} {LEVEL_WORDS[int(m)]}</think><answer>{m:.2f}</answer>" for m in mos
-        ]
+        columns["completions"] = [answer_target(LEVEL_WORDS[int(m)], m) for m in mos]
     if teacher is not None:
         targets = judge_answers(images, teacher, samples=teacher_samples, answer=teacher_answer, seed=seed)
         copies = len(targets[0])
