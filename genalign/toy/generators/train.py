@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,17 @@ from genalign.toy.generators.build import (
     tokenize,
     toy_tokenizer,
 )
-from genalign.toy.generators.data import captioned_latents, encode_latents, to_model_range, toy_dataset
+from genalign.toy.generators.data import (
+    captioned_latents,
+    encode_latents,
+    random_crop,
+    to_model_range,
+    toy_dataset,
+)
 from genalign.toy.training import (
     AveragedTraining,
     TrainingLog,
-    adamw_warmup_cosine,
-    optimise,
+    optimise_module,
     parameter_count,
     snapshots,
 )
@@ -72,19 +77,12 @@ def train_vae(
     torch.manual_seed(seed)
     images, _ = toy_dataset(num_images, seed=seed, unconditional_fraction=0.3)
     vae = build_vae(block_out_channels)
-    optimizer, scheduler = adamw_warmup_cosine(vae.parameters(), lr, steps, weight_decay=0.0, max_warmup=100)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "vae")
-    vae.train()
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(images), (batch_size,), generator=generator)
-        x = to_model_range(images[index])
-        if crop < x.shape[-1]:
-            top, left = (
-                4 * torch.randint(0, (x.shape[-1] - crop) // 4 + 1, (2,), generator=generator)
-            ).tolist()
-            x = x[..., top : top + crop, left : left + crop]
+        x = random_crop(to_model_range(images[index]), crop, 4, generator)
         posterior = vae.encode(x).latent_dist
         reconstruction = vae.decode(posterior.sample(generator)).sample
         # L1 + L2 reconstruction + KL to N(0, I)
@@ -92,8 +90,7 @@ def train_vae(
             F.l1_loss(reconstruction, x) + F.mse_loss(reconstruction, x) + kl_weight * posterior.kl().mean()
         )
 
-    optimise(loss_fn, list(vae.parameters()), optimizer, scheduler, steps, log)
-    vae.eval()
+    optimise_module(vae, loss_fn, lr, steps, log, max_warmup=100)
     latents = encode_latents(vae, images[:2000])
     vae.register_to_config(scaling_factor=round(float(1.0 / latents.std()), 5))
     with torch.no_grad():
