@@ -17,6 +17,14 @@ logger = logging.getLogger(__name__)
 DTYPES = ("float32", "float16", "bfloat16")
 
 
+def _same_named(args: argparse.Namespace, names: Sequence[str], given_only: bool = False) -> dict:
+    """The options ``names`` as keyword arguments of the function they are named after (dashes on
+    the command line, underscores here, as argparse stores them); ``given_only``: only those not
+    None, so an unset option keeps the function's default."""
+    options = {name: getattr(args, name) for name in names}
+    return {k: v for k, v in options.items() if v is not None} if given_only else options
+
+
 def detect_family(model: str) -> str:
     """The policy family of a hub id or local folder, read from its ``model_index.json`` and the
     table of model families (:data:`genalign.pipelines.families.MODEL_FAMILIES`)."""
@@ -64,7 +72,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         guidance_scale=args.guidance_scale,
         group_size=args.num_images,
         generator=torch.Generator().manual_seed(args.seed),
-        **{name: getattr(args, name) for name in same_names},
+        **_same_named(args, same_names),
     )
     paths = save_images(trajectory.images, args.out)
     print(f"wrote {len(paths) - 1} images and a grid to {args.out}")
@@ -110,9 +118,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = args.config or DEFAULT_RECIPE
     print(f"recipe: {recipe}", flush=True)
     options = ("eval_every", "oracle", "rl_heldout_images", "rl_train_images", "unseen_images")
-    chosen = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
     try:
-        result = run_demo(recipe, overrides, **chosen)
+        result = run_demo(recipe, overrides, **_same_named(args, options, given_only=True))
     except DemoInterrupted as stopped:  # SIGTERM / Ctrl-C: the shell's convention, 128 + signal
         print(f"genalign demo: {stopped}", file=sys.stderr)
         return 128 + stopped.signal
@@ -142,7 +149,7 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
     )
     specs = parse_reward_specs(args.reward, args.reward_arg)
     same_names = ("batch_size", "bootstrap", "seed", "image_size", "tie_threshold", "temperature")
-    config = EvalConfig(progress=not args.no_progress, **{name: getattr(args, name) for name in same_names})
+    config = EvalConfig(progress=not args.no_progress, **_same_named(args, same_names))
     summary = evaluate_rewards(dataset, specs, args.out, config)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     failed = sum(entry["n_failed"] for entry in summary["rewards"].values())
@@ -165,15 +172,8 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
 def cmd_eval_svg(args: argparse.Namespace) -> int:
     from genalign.toy.svg_eval import evaluate_svg_writers, format_report, parse_models
 
-    report = evaluate_svg_writers(
-        parse_models(args.models),
-        count=args.count,
-        seed=args.seed,
-        split=args.split,
-        task=args.task,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-    )
+    same_names = ("count", "seed", "split", "task", "temperature", "max_new_tokens")
+    report = evaluate_svg_writers(parse_models(args.models), **_same_named(args, same_names))
     print(format_report(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

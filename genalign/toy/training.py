@@ -35,6 +35,7 @@ __all__ = [
     "folder_megabytes",
     "load_averages",
     "optimise",
+    "optimise_module",
     "parameter_count",
     "snapshots",
     "step_schedule",
@@ -201,6 +202,26 @@ def optimise(
         if max_minutes is not None and time.time() - start > 60 * max_minutes:
             logger.info("[%s] stopping at step %d: %s minutes", log.name, done, max_minutes)
             break
+    return done
+
+
+def optimise_module(
+    module: torch.nn.Module,
+    loss_fn: Callable[[int], torch.Tensor],
+    lr: float,
+    steps: int,
+    log: TrainingLog,
+    max_warmup: int,
+    max_minutes: float | None = None,
+) -> int:
+    """:func:`optimise` of all of ``module``'s parameters without an EMA (the autoencoders' recipes):
+    AdamW without weight decay (:func:`adamw_warmup_cosine`), ``module`` in training mode while it
+    runs and in eval mode after. Returns the number of steps done."""
+    parameters = list(module.parameters())
+    optimizer, scheduler = adamw_warmup_cosine(parameters, lr, steps, weight_decay=0.0, max_warmup=max_warmup)
+    module.train()
+    done = optimise(loss_fn, parameters, optimizer, scheduler, steps, log, max_minutes=max_minutes)
+    module.eval()
     return done
 
 

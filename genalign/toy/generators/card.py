@@ -4,6 +4,7 @@ records that chain training stages (their commands, steps and seconds)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,12 @@ def add_previous_stages(info: dict[str, Any], init: str | None) -> tuple[float, 
         total_steps += previous.get("total_train_steps", previous["train_steps"])
     info["total_train_steps"] = total_steps
     return stage_seconds, total_steps
+
+
+def command_line() -> str:
+    """The command being run, as a card records it (the shipped models' commands are replayed
+    from their cards)."""
+    return "python -m genalign.toy.generators " + " ".join(sys.argv[1:])
 
 
 def previous_commands(out: Path) -> list[str]:

@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from genalign.toy.generators.card import add_previous_stages, previous_commands, stage_commands, write_card
+from genalign.toy.generators.card import (
+    add_previous_stages,
+    command_line,
+    previous_commands,
+    stage_commands,
+    write_card,
+)
 from genalign.toy.generators.evaluate import FAMILIES, evaluate_generator
 from genalign.toy.generators.flow import train_flow
 from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
@@ -139,10 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _command_line() -> str:
-    return "python -m genalign.toy.generators " + " ".join(sys.argv[1:])
-
-
 def _training_options(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe options given on the command line (unset ones keep the recipe's defaults)."""
     options = {"steps": args.steps, "lr": args.lr, "num_images": args.num_images, "ema_decay": args.ema_decay}
@@ -167,7 +168,7 @@ def vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.kl_weight is not None:
         options["kl_weight"] = args.kl_weight
     _, info = train_vae(out, seed=args.seed, **options)
-    (out / "training.json").write_text(json.dumps(dict(info, command=_command_line()), indent=2) + "\n")
+    (out / "training.json").write_text(json.dumps(dict(info, command=command_line()), indent=2) + "\n")
     print(json.dumps({k: v for k, v in info.items() if k != "loss_history"}))
     return 0
 
@@ -244,7 +245,7 @@ def sd_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dic
         extra["caption_noise"] = args.caption_noise
     _, info = train_sd(vae, Path(args.out), init=args.init, snapshot_every=args.snapshot_every, **extra)
     commands = stage_commands(
-        previous_commands(Path(args.init)) if args.init else [], vae_info["command"], _command_line()
+        previous_commands(Path(args.init)) if args.init else [], vae_info["command"], command_line()
     )
     stage_seconds, total_steps = add_previous_stages(info, args.init)
     text_encoder = (
@@ -326,7 +327,7 @@ def lcm_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
         "description": "Latent Consistency Distillation (Luo et al. 2023, Algorithm 1) of toy-sd: 1-4 step sampling "
         "with the guidance scale as an input (w = guidance_scale - 1).",
         "load": 'DiffusionPipeline.from_pretrained("assets/models/toy-lcm")',
-        "commands": [*previous_commands(Path(args.teacher)), _command_line()],
+        "commands": [*previous_commands(Path(args.teacher)), command_line()],
         "data": "renders of train prompts (as toy-sd, another seed), encoded by toy-sd's VAE; teacher = toy-sd.",
         "train": f"{info['steps']} LCD steps, batch {args.batch_size}, N=50 DDIM skipping steps, w ~ U[2, 6], EMA 0.95, "
         f"L2 distance; {info['train_seconds']:.0f} s on one CPU thread.",
@@ -348,7 +349,7 @@ def flow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> d
     stage_seconds, total_steps = add_previous_stages(info, args.init)
     commands = [
         *(previous_commands(Path(args.init)) if args.init else [vae_info["command"]]),
-        _command_line(),
+        command_line(),
     ]
     name = args.name or "toy-flow"
     text = (

@@ -62,6 +62,18 @@ def to_model_range(images: torch.Tensor) -> torch.Tensor:
     return images.float() / 127.5 - 1.0
 
 
+def random_crop(x: torch.Tensor, crop: int, grid: int, generator: torch.Generator) -> torch.Tensor:
+    """A random ``crop`` x ``crop`` window of the last two (square) dimensions of ``x``, at multiples of
+    ``grid`` (the autoencoder's spatial compression, so the window sits on the latent grid); the
+    whole of ``x`` when ``crop`` is not smaller. The autoencoders train on such windows."""
+    if crop >= x.shape[-1]:
+        return x
+    top, left = (
+        grid * torch.randint(0, (x.shape[-1] - crop) // grid + 1, (2,), generator=generator)
+    ).tolist()
+    return x[..., top : top + crop, left : left + crop]
+
+
 @torch.no_grad()
 def encode_latents(vae, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
     """Posterior means of uint8 images (unscaled latents)."""

@@ -21,8 +21,8 @@ from genalign.toy.generators.build import (
     toy_tokenizer,
 )
 from genalign.toy.generators.data import captioned_latents, encode_latents, toy_dataset
-from genalign.toy.generators.train import finish_training
-from genalign.toy.training import AveragedTraining, TrainingLog, snapshots
+from genalign.toy.generators.train import train_and_save
+from genalign.toy.training import AveragedTraining, TrainingLog
 
 SD3_T5_TOKENS = 256  # StableDiffusion3Pipeline.encode_prompt's default max_sequence_length
 
@@ -163,12 +163,10 @@ def train_flow(
         ).sample
         return F.mse_loss(velocity, noise - z0)  # conditional flow matching
 
-    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
-        pipe, parameters = _flow_pipeline(vae, tokenizer, *training.averages())
-        return finish_training(pipe, parameters, done, log, start, folder)
+    def pipeline(*averaged) -> tuple[Any, dict[str, Any]]:
+        return _flow_pipeline(vae, tokenizer, *averaged)
 
-    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
-    return save(out, done)
+    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
 
 
 def _flow_pipeline(vae, tokenizer, encoder_1, encoder_2, transformer) -> tuple[Any, dict[str, Any]]:

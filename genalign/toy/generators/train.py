@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,17 @@ from genalign.toy.generators.build import (
     tokenize,
     toy_tokenizer,
 )
-from genalign.toy.generators.data import captioned_latents, encode_latents, to_model_range, toy_dataset
+from genalign.toy.generators.data import (
+    captioned_latents,
+    encode_latents,
+    random_crop,
+    to_model_range,
+    toy_dataset,
+)
 from genalign.toy.training import (
     AveragedTraining,
     TrainingLog,
-    adamw_warmup_cosine,
-    optimise,
+    optimise_module,
     parameter_count,
     snapshots,
 )
@@ -72,19 +77,12 @@ def train_vae(
     torch.manual_seed(seed)
     images, _ = toy_dataset(num_images, seed=seed, unconditional_fraction=0.3)
     vae = build_vae(block_out_channels)
-    optimizer, scheduler = adamw_warmup_cosine(vae.parameters(), lr, steps, weight_decay=0.0, max_warmup=100)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "vae")
-    vae.train()
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(images), (batch_size,), generator=generator)
-        x = to_model_range(images[index])
-        if crop < x.shape[-1]:
-            top, left = (
-                4 * torch.randint(0, (x.shape[-1] - crop) // 4 + 1, (2,), generator=generator)
-            ).tolist()
-            x = x[..., top : top + crop, left : left + crop]
+        x = random_crop(to_model_range(images[index]), crop, 4, generator)
         posterior = vae.encode(x).latent_dist
         reconstruction = vae.decode(posterior.sample(generator)).sample
         # L1 + L2 reconstruction + KL to N(0, I)
@@ -92,8 +90,7 @@ def train_vae(
             F.l1_loss(reconstruction, x) + F.mse_loss(reconstruction, x) + kl_weight * posterior.kl().mean()
         )
 
-    optimise(loss_fn, list(vae.parameters()), optimizer, scheduler, steps, log)
-    vae.eval()
+    optimise_module(vae, loss_fn, lr, steps, log, max_warmup=100)
     latents = encode_latents(vae, images[:2000])
     vae.register_to_config(scaling_factor=round(float(1.0 / latents.std()), 5))
     with torch.no_grad():
@@ -131,11 +128,48 @@ def finish_training(
     return pipe, info
 
 
+def sd_layout_parameters(pipe) -> dict[str, Any]:
+    """The parameter groups of an SD-layout pipeline (toy-sd, toy-lcm; assembled by
+    :func:`~genalign.tiny.diffusion.sd_layout_pipeline`) for :func:`finish_training`."""
+    return {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
+
+
 def finish_sd_layout(pipe, done: int, log: TrainingLog, start: float, out) -> tuple[Any, dict[str, Any]]:
-    """Describe the training of an SD-layout pipeline (toy-sd, toy-lcm; assembled by
-    :func:`~genalign.tiny.diffusion.sd_layout_pipeline`) and save it if asked."""
-    parameters = {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
-    return finish_training(pipe, parameters, done, log, start, out)
+    """Describe the training of an SD-layout pipeline and save it if asked."""
+    return finish_training(pipe, sd_layout_parameters(pipe), done, log, start, out)
+
+
+def train_and_save(
+    training: AveragedTraining,
+    loss_fn: Callable[[int], torch.Tensor],
+    log: TrainingLog,
+    start: float,
+    pipeline: Callable[..., tuple[Any, dict[str, Any]]],
+    out: str | Path | None,
+    max_minutes: float | None = None,
+    snapshot_every: int | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """What the generators' recipes do once their data and modules are ready: run ``training`` for
+    ``log.total`` steps, then save the averages as a pipeline and describe the run
+    (:func:`finish_training`, seconds counted from ``start``). ``pipeline(*averaged modules)`` gives
+    ``(pipe, parameter groups)``; with ``out`` and ``snapshot_every`` the averages are also saved to
+    ``out/snapshot`` every that many steps (:func:`snapshots`), after ``after_step(steps done)``.
+    Returns ``(pipe, info)``."""
+
+    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
+        pipe, parameters = pipeline(*training.averages())
+        return finish_training(pipe, parameters, done, log, start, folder)
+
+    snapshot = snapshots(out, snapshot_every, save)
+
+    def each_step(done: int) -> None:
+        if after_step is not None:
+            after_step(done)
+        snapshot(done)
+
+    done = training.run(loss_fn, log.total, log, max_minutes, each_step)
+    return save(out, done)
 
 
 def train_sd(
@@ -184,11 +218,10 @@ def train_sd(
 
     from genalign.tiny.diffusion import sd_layout_pipeline
 
-    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:  # the EMA weights as a pipeline
+    def pipeline(text_encoder, unet) -> tuple[Any, dict[str, Any]]:  # of the averaged modules
         sampler = DDIMScheduler(**SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
-        text_encoder, unet = training.averages()
         pipe = sd_layout_pipeline(StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler)
-        return finish_sd_layout(pipe, done, log, start, folder)
+        return pipe, sd_layout_parameters(pipe)
 
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer()
@@ -225,8 +258,7 @@ def train_sd(
         prediction = unet(zt, t, encoder_hidden_states=text_encoder(tokens)[0]).sample
         return F.mse_loss(prediction, noise)  # L_simple
 
-    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
-    return save(out, done)
+    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
 
 
 def _sd_modules(
@@ -398,15 +430,19 @@ def train_lcm(
     def refresh_target(done: int) -> None:
         training.averages()  # theta^- <- mu theta^- + (1 - mu) theta, as averaged
 
-    done = training.run(loss_fn, steps, log, max_minutes, refresh_target)
-    lcm_scheduler = LCMScheduler(
-        **SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1,
-        original_inference_steps=num_ddim_timesteps, timestep_scaling=10.0,
-    )  # fmt: skip
-    pipe = sd_layout_pipeline(
-        LatentConsistencyModelPipeline, vae, text_encoder, tokenizer, target, lcm_scheduler
+    def pipeline(unet) -> tuple[Any, dict[str, Any]]:  # of the EMA target theta^-
+        lcm_scheduler = LCMScheduler(
+            **SD_BETAS, clip_sample=False, set_alpha_to_one=False, steps_offset=1,
+            original_inference_steps=num_ddim_timesteps, timestep_scaling=10.0,
+        )  # fmt: skip
+        pipe = sd_layout_pipeline(
+            LatentConsistencyModelPipeline, vae, text_encoder, tokenizer, unet, lcm_scheduler
+        )
+        return pipe, sd_layout_parameters(pipe)
+
+    return train_and_save(
+        training, loss_fn, log, start, pipeline, out, max_minutes, after_step=refresh_target
     )
-    return finish_sd_layout(pipe, done, log, start, out)
 
 
 def _caption_table(text_encoder, tokenizer, captions: Sequence[str]):

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from genalign.toy.generators.build import toy_tokenizer
-from genalign.toy.training import TrainingLog, adamw_warmup_cosine, optimise, parameter_count
+from genalign.toy.generators.data import random_crop
+from genalign.toy.training import TrainingLog, optimise_module, parameter_count
 from genalign.toy.video.captions import VIDEO_CATEGORIES
 from genalign.toy.video.data import toy_video_dataset
 from genalign.toy.video.prompts import all_video_prompts, sample_video_for_prompt
@@ -221,19 +222,12 @@ def train_video_vae(
     videos, _ = toy_video_dataset(num_videos, seed=seed)
     vae = AutoencoderKLWan.from_pretrained(str(init)) if init else build_video_vae(base_dim=base_dim)
     factor = 2 ** (len(vae.config.dim_mult) - 1)  # the spatial compression
-    optimizer, scheduler = adamw_warmup_cosine(vae.parameters(), lr, steps, weight_decay=0.0, max_warmup=50)
     generator = torch.Generator().manual_seed(seed)
     log = TrainingLog(log_every, steps, "video-vae")
-    vae.train()
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(videos), (batch_size,), generator=generator)
-        x = to_video_model_range(videos[index])  # (B, 3, F, H, W)
-        if crop < x.shape[-1]:
-            top, left = (
-                factor * torch.randint(0, (x.shape[-1] - crop) // factor + 1, (2,), generator=generator)
-            ).tolist()
-            x = x[..., top : top + crop, left : left + crop]
+        x = random_crop(to_video_model_range(videos[index]), crop, factor, generator)  # (B, 3, F, H, W)
         mean, std = encode_frames(vae, x)
         z = mean + std * torch.randn(mean.shape, generator=generator)
         reconstruction = decode_for_training(vae, z)
@@ -244,10 +238,7 @@ def train_video_vae(
         error = (reconstruction - x).abs()
         return (weight * (error + error**2)).mean() / weight.mean() + kl_weight * kl
 
-    done = optimise(
-        loss_fn, list(vae.parameters()), optimizer, scheduler, steps, log, max_minutes=max_minutes
-    )
-    vae.eval()
+    done = optimise_module(vae, loss_fn, lr, steps, log, max_warmup=50, max_minutes=max_minutes)
     set_latent_statistics(vae, videos[:256])
     info = {
         "steps": done,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
+from genalign.toy.generators.card import command_line
 from genalign.toy.generators.video import train_video_vae
 from genalign.toy.generators.video_eval import evaluate_video_generator
 from genalign.toy.generators.video_reflow import train_reflow
@@ -22,10 +22,6 @@ NAME = "toy-ar-video"
 DEFAULT_CLIP_TEXT = "assets/models/toy-clip"
 
 
-def _command_line() -> str:
-    return "python -m genalign.toy.generators " + " ".join(sys.argv[1:])
-
-
 def video_vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Train the video autoencoder; writes the folder and its ``training.json`` (with the command)."""
     out = Path(args.out)
@@ -33,7 +29,7 @@ def video_vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     options["foreground_weight"] = args.foreground_weight  # None: the recipe's default
     options = {k: v for k, v in options.items() if v is not None}
     _, info = train_video_vae(out, seed=args.seed, max_minutes=args.max_minutes, init=args.init, **options)
-    info["commands"] = [_command_line()]
+    info["commands"] = [command_line()]
     if args.init:  # a continued stage: the earlier stages' commands, steps and seconds come first
         previous = json.loads((Path(args.init) / "training.json").read_text())
         info["commands"] = previous["commands"] + info["commands"]
@@ -75,7 +71,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     )
     card = {
         "name": NAME,
-        "commands": [*vae_info["commands"], _command_line()],
+        "commands": [*vae_info["commands"], command_line()],
         "vae": {k: v for k, v in vae_info.items() if k not in ("loss_history", "parameters")},
         "clip_text": args.clip_text or DEFAULT_CLIP_TEXT,
         "batch_size": args.batch_size,
@@ -100,7 +96,7 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     )
     card = {
         **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
-        "commands": [*previous["commands"], _command_line()],
+        "commands": [*previous["commands"], command_line()],
         "stage_1_evals": {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")},
         "reflow": {
             "steps": info["steps"],

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from genalign.sampling.self_forcing import self_forcing_timesteps, uniform_denoising_steps
-from genalign.toy.generators.train import finish_training
+from genalign.toy.generators.train import train_and_save
 from genalign.toy.generators.video_train import (
     NUM_TRAIN_TIMESTEPS,
     minibatch_forcing_loss,
@@ -122,9 +122,9 @@ def train_reflow(
     log = TrainingLog(log_every, steps, "toy-ar-video reflow")
     loss_fn = minibatch_forcing_loss(transformer, x0, embeds, batch_size, seed, noise)
 
-    done = training.run(loss_fn, steps, log, max_minutes)
-    (average,) = training.averages()
-    pipe.transformer = average
-    pipe.register_modules(transformer=average)
-    parameters = {"transformer": average, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
-    return finish_training(pipe, parameters, done, log, start, out)
+    def pipeline(average) -> tuple[Any, dict[str, Any]]:
+        pipe.transformer = average
+        pipe.register_modules(transformer=average)
+        return pipe, {"transformer": average, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
+
+    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes)

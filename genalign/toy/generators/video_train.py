@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from genalign.toy.generators.build import clip_text_encoder
-from genalign.toy.generators.train import finish_training
+from genalign.toy.generators.train import train_and_save
 from genalign.toy.generators.video import (
     VIDEO_TOKEN_LENGTH,
     build_video_transformer,
@@ -35,7 +35,7 @@ from genalign.toy.generators.video import (
     video_pipeline,
     video_tokenizer,
 )
-from genalign.toy.training import AveragedTraining, TrainingLog, snapshots
+from genalign.toy.training import AveragedTraining, TrainingLog
 from genalign.toy.video.data import toy_video_dataset
 
 NUM_TRAIN_TIMESTEPS = 1000
@@ -175,11 +175,8 @@ def train_ar_video(
     log = TrainingLog(log_every, steps, "toy-ar-video")
     loss_fn = minibatch_forcing_loss(transformer, latents, embeds, batch_size, seed)
 
-    def save(folder, done: int) -> tuple[Any, dict[str, Any]]:
-        (average,) = training.averages()
-        saved = video_pipeline(vae, text_encoder, tokenizer, average)
+    def pipeline(average) -> tuple[Any, dict[str, Any]]:
         parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
-        return finish_training(saved, parameters, done, log, start, folder)
+        return video_pipeline(vae, text_encoder, tokenizer, average), parameters
 
-    done = training.run(loss_fn, steps, log, max_minutes, snapshots(out, snapshot_every, save))
-    return save(out, done)
+    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
