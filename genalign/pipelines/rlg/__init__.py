@@ -20,9 +20,10 @@ Euler, any diffusers scheduler), :class:`RLGStableDiffusionXLPipeline` (SDXL),
 (FLUX.1-dev, whose embedded guidance makes each branch's prediction already guided, and
 FLUX.1-schnell) and :class:`RLGSanaPipeline` (SANA); :class:`RLGPipeline` picks one.
 
-One module per family (``sd``, ``sdxl``, ``sd3``, ``flux``, ``sana``); ``common`` holds the
-two-branch machinery every family shares, ``dispatch`` :class:`RLGPipeline`, and
-:mod:`genalign.pipelines.guidance` the CFG and RLG formulas.
+One module per family (``sd``, ``sdxl``, ``sd3``, ``flux``, ``sana``: its defaults and its
+``_sample`` stages); ``common`` holds what every family shares (the two-branch machinery, the
+``__init__`` and ``__call__`` signatures, the sampling loop), ``dispatch`` :class:`RLGPipeline`,
+and :mod:`genalign.pipelines.guidance` the CFG and RLG formulas.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """What every RLG pipeline shares (Jin et al. 2025): the reference and RL-tuned models as two
-branches of one step, each branch's guided prediction, and their mix ``v_ref + w (v_RL - v_ref)``."""
+branches of one step, each branch's guided prediction, and their mix ``v_ref + w (v_RL - v_ref)``;
+the ``__init__`` and ``__call__`` signatures, and the sampling loop, written once for every family."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +20,15 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from genalign.pipelines.guidance import rlg_combine
 
-__all__ = ["Branch", "RLGMixin", "RLGPipelineOutput", "StepCallback", "init_with_rl_denoiser"]
+__all__ = [
+    "Branch",
+    "RLGCall",
+    "RLGMixin",
+    "RLGPipelineOutput",
+    "StepCallback",
+    "init_with_rl_denoiser",
+    "rlg_call",
+]
 
 T = TypeVar("T")
 Branch = tuple[str, Callable]
@@ -36,6 +46,91 @@ class RLGPipelineOutput(BaseOutput):
     """
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
+
+
+@dataclass(kw_only=True)
+class RLGCall:
+    """The arguments of one RLG ``__call__``: the union of the families' parameters, in the order
+    they all share. Every family takes the common ones; the options (``_FAMILY_OPTIONS``) only
+    the families that name them in :func:`rlg_call`, which also sets each family's defaults."""
+
+    prompt: str | list[str]
+    rlg_scale: float = 1.0
+    num_inference_steps: int
+    guidance_scale: float
+    negative_prompt: str | list[str] | None = None
+    true_cfg_scale: float = 1.0
+    height: int | None = None
+    width: int | None = None
+    num_images_per_prompt: int = 1
+    eta: float = 0.0
+    generator: torch.Generator | list[torch.Generator] | None = None
+    latents: torch.Tensor | None = None
+    output_type: str = "pil"
+    return_dict: bool = True
+    callback_on_step_end: StepCallback | None = None
+    clean_caption: bool = False
+    use_resolution_binning: bool = True
+    max_sequence_length: int | None = None
+    complex_human_instruction: list[str] | None = None
+
+    @property
+    def num_images(self) -> int:
+        """Images to sample: prompts x ``num_images_per_prompt``."""
+        return (1 if isinstance(self.prompt, str) else len(self.prompt)) * self.num_images_per_prompt
+
+
+_FAMILY_OPTIONS = frozenset(
+    {
+        "true_cfg_scale",
+        "eta",
+        "clean_caption",
+        "use_resolution_binning",
+        "max_sequence_length",
+        "complex_human_instruction",
+    }
+)
+
+
+def rlg_call(base: type[DiffusionPipeline], **defaults: Any) -> Callable[..., RLGPipelineOutput | tuple]:
+    """The ``__call__`` of an RLG pipeline: the :class:`RLGCall` parameters common to every family
+    plus the options named in ``defaults`` (e.g. ``eta``), with ``defaults`` as the defaults
+    (those of the wrapped pipeline ``base``, ``num_inference_steps`` and ``guidance_scale`` always
+    among them). It binds the arguments, checks ``rlg_scale`` and the RL-tuned model, and samples
+    with the family's ``_sample(call)``.
+
+    Its signature is exact (``inspect.signature``, ``help``), as if written out per family.
+    """
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for field in dataclasses.fields(RLGCall):
+        if field.name in _FAMILY_OPTIONS and field.name not in defaults:
+            continue
+        default = defaults.pop(field.name, field.default)
+        parameters.append(
+            inspect.Parameter(
+                field.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if default is dataclasses.MISSING else default,
+                annotation=field.type,
+            )
+        )
+    if defaults:
+        raise TypeError(f"RLGCall has no parameters {sorted(defaults)}")
+    signature = inspect.Signature(parameters, return_annotation="RLGPipelineOutput | tuple")
+
+    @torch.no_grad()
+    def __call__(self: RLGMixin, *args: Any, **kwargs: Any) -> RLGPipelineOutput | tuple:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = {name: value for name, value in bound.arguments.items() if name != "self"}
+        self._check_rlg(arguments["rlg_scale"])
+        return self._sample(RLGCall(**arguments))
+
+    __call__.__signature__ = signature
+    __call__.__doc__ = (
+        f"Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``{base.__name__}``."
+    )
+    return __call__
 
 
 def init_with_rl_denoiser(
@@ -89,10 +184,34 @@ class RLGMixin:
     FLUX's embedded and true CFG), then ``v_ref + w (v_RL - v_ref)``. Its ``rlg_scale`` is
     ``w`` (0: reference model, 1: RL-tuned model, > 1: extrapolation); every other argument is
     the wrapped diffusers pipeline's, with its defaults.
+
+    A family declares its denoiser as class keywords, ``class RLGFluxPipeline(RLGMixin,
+    FluxPipeline, denoiser="transformer", denoiser_type=FluxTransformer2DModel)`` (any further
+    keyword replaces a default of the base ``__init__``), which registers the optional ``rl_*``
+    component and the ``__init__`` (:func:`init_with_rl_denoiser`); ``__call__ = rlg_call(...)``
+    and ``_sample(call)`` (its body, with the shared stages below) do the rest.
     """
 
     _denoiser_name: str
     _rl_denoiser_name: str
+
+    def __init_subclass__(
+        cls, denoiser: str | None = None, denoiser_type: type | None = None, **init_defaults: Any
+    ) -> None:
+        super().__init_subclass__()
+        if denoiser is None:  # a subclass of a family's pipeline inherits its components
+            if denoiser_type is not None or init_defaults:
+                raise TypeError(f"{cls.__name__}: denoiser_type and __init__ defaults need denoiser=")
+            return
+        base = next(parent for parent in cls.__bases__ if issubclass(parent, DiffusionPipeline))
+        cls._denoiser_name = denoiser
+        cls._rl_denoiser_name = f"rl_{denoiser}"
+        cls._optional_components = [*getattr(base, "_optional_components", []), cls._rl_denoiser_name]
+        cls.__init__ = init_with_rl_denoiser(base, cls._rl_denoiser_name, denoiser_type, **init_defaults)
+
+    def _sample(self, call: RLGCall) -> RLGPipelineOutput | tuple:
+        """The family's sampling, ``__call__``'s body (every family defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _sample, its __call__ body")
 
     @property
     def rl_denoiser(self) -> torch.nn.Module | None:
@@ -149,6 +268,20 @@ class RLGMixin:
         return [("reference", self.reference_model), ("rl", self.rl_model)]
 
     # -- the stages every family's __call__ shares ----------------------------------------------
+    def _rlg_size(self, call: RLGCall, sample_size: int) -> tuple[int, int]:
+        """``(height, width)``: the call's, else the denoiser's native size (``sample_size`` latents)."""
+        default = sample_size * self.vae_scale_factor
+        return call.height or default, call.width or default
+
+    def _rlg_latents(
+        self, call: RLGCall, channels: int, height: int, width: int, dtype: torch.dtype, device: torch.device
+    ) -> Any:
+        """The initial latents of ``call.num_images`` images as the wrapped pipeline's
+        ``prepare_latents`` draws them from ``call.generator`` (or takes ``call.latents``)."""
+        return self.prepare_latents(
+            call.num_images, channels, height, width, dtype, device, call.generator, call.latents
+        )
+
     @staticmethod
     def _encode_branches(branches: list[Branch], encode: Callable[[], T]) -> dict[str, T]:
         """The prompt encoded under each branch (a LoRA may touch the text encoders too)."""
@@ -182,8 +315,32 @@ class RLGMixin:
         outputs = callback(self, step, timestep, {"latents": latents})
         return (outputs or {}).get("latents", latents)
 
-    def _rlg_output(self, image: object, return_dict: bool) -> RLGPipelineOutput | tuple:
+    def _rlg_denoise(
+        self,
+        call: RLGCall,
+        branches: list[Branch],
+        timesteps: torch.Tensor,
+        latents: torch.Tensor,
+        predict: Callable[..., torch.Tensor],
+        model_input: Callable[[torch.Tensor, torch.Tensor], tuple],
+        **step_kwargs: Any,
+    ) -> torch.Tensor:
+        """The denoising loop: per step, :meth:`_rlg_prediction` of ``predict`` on the family's
+        ``model_input(latents, t)`` (its batch under CFG, its timestep scaling), one scheduler
+        step (``step_kwargs``: e.g. ``eta``), then ``callback_on_step_end``."""
+        self._num_timesteps = len(timesteps)
+        for i, t in enumerate(timesteps):
+            prediction = self._rlg_prediction(branches, call.rlg_scale, predict, *model_input(latents, t))
+            latents = self.scheduler.step(prediction, t, latents, **step_kwargs, return_dict=False)[0]
+            latents = self._step_end(call.callback_on_step_end, i, t, latents)
+        return latents
+
+    def _rlg_output(
+        self, call: RLGCall, latents: torch.Tensor, decode: Callable[[torch.Tensor], object]
+    ) -> RLGPipelineOutput | tuple:
+        """The pipeline's output: the final latents for ``output_type="latent"``, else ``decode(latents)``."""
+        image = latents if call.output_type == "latent" else decode(latents)
         self.maybe_free_model_hooks()
-        if not return_dict:
+        if not call.return_dict:
             return (image,)
         return RLGPipelineOutput(images=image)

@@ -7,12 +7,12 @@ from diffusers import FluxPipeline, FluxTransformer2DModel
 
 from genalign.pipelines.flux_schedule import flux_guidance, flux_timesteps
 from genalign.pipelines.guidance import guided_prediction
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
+from genalign.pipelines.rlg.common import RLGCall, RLGMixin, RLGPipelineOutput, rlg_call
 
 __all__ = ["RLGFluxPipeline"]
 
 
-class RLGFluxPipeline(RLGMixin, FluxPipeline):
+class RLGFluxPipeline(RLGMixin, FluxPipeline, denoiser="transformer", denoiser_type=FluxTransformer2DModel):
     """RLG (Jin et al. 2025) for FLUX.1 flow transformers (dev and schnell).
 
     Everything of :class:`~diffusers.FluxPipeline` plus an optional ``rl_transformer``. A
@@ -22,55 +22,31 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
     two branches' guided velocities.
     """
 
-    _optional_components = [*FluxPipeline._optional_components, "rl_transformer"]
-    _denoiser_name = "transformer"
-    _rl_denoiser_name = "rl_transformer"
+    __call__ = rlg_call(
+        FluxPipeline, num_inference_steps=28, guidance_scale=3.5, true_cfg_scale=1.0, max_sequence_length=512
+    )
 
-    __init__ = init_with_rl_denoiser(FluxPipeline, "rl_transformer", FluxTransformer2DModel)
-
-    @torch.no_grad()
-    def __call__(
-        self,
-        prompt: str | list[str],
-        rlg_scale: float = 1.0,
-        num_inference_steps: int = 28,
-        guidance_scale: float = 3.5,
-        negative_prompt: str | list[str] | None = None,
-        true_cfg_scale: float = 1.0,
-        height: int | None = None,
-        width: int | None = None,
-        num_images_per_prompt: int = 1,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        latents: torch.Tensor | None = None,
-        output_type: str = "pil",
-        return_dict: bool = True,
-        callback_on_step_end: StepCallback | None = None,
-        max_sequence_length: int = 512,
-    ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``FluxPipeline``."""
+    def _sample(self, call: RLGCall) -> RLGPipelineOutput | tuple:
         # 1. Check inputs
-        self._check_rlg(rlg_scale)
-        height = height or self.default_sample_size * self.vae_scale_factor
-        width = width or self.default_sample_size * self.vae_scale_factor
+        height, width = self._rlg_size(call, self.default_sample_size)
         self.check_inputs(
-            prompt,
+            call.prompt,
             None,
             height,
             width,
-            negative_prompt=negative_prompt,
-            max_sequence_length=max_sequence_length,
+            negative_prompt=call.negative_prompt,
+            max_sequence_length=call.max_sequence_length,
         )
-        self._guidance_scale = guidance_scale
+        self._guidance_scale = call.guidance_scale
         self._joint_attention_kwargs = {}
         self._current_timestep = None
         self._interrupt = False
-        batch_size = 1 if isinstance(prompt, str) else len(prompt)
         device = self._execution_device
-        do_true_cfg = true_cfg_scale > 1 and negative_prompt is not None
+        do_true_cfg = call.true_cfg_scale > 1 and call.negative_prompt is not None
 
         # 2. Encode the prompt (and the negative one for true CFG) under each branch
-        texts = [prompt, negative_prompt] if do_true_cfg else [prompt]
-        branches = self._branches(rlg_scale)
+        texts = [call.prompt, call.negative_prompt] if do_true_cfg else [call.prompt]
+        branches = self._branches(call.rlg_scale)
         embeds = self._encode_branches(
             branches,
             lambda: [
@@ -78,28 +54,18 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
                     prompt=text,
                     prompt_2=None,
                     device=device,
-                    num_images_per_prompt=num_images_per_prompt,
-                    max_sequence_length=max_sequence_length,
+                    num_images_per_prompt=call.num_images_per_prompt,
+                    max_sequence_length=call.max_sequence_length,
                 )
                 for text in texts
             ],
         )
 
         # 3. Prepare latents (packed) and the flow schedule, as FluxPipeline
-        latents, image_ids = self.prepare_latents(
-            batch_size * num_images_per_prompt,
-            self.transformer.config.in_channels // 4,
-            height,
-            width,
-            embeds[branches[0][0]][0][0].dtype,
-            device,
-            generator,
-            latents,
-        )
-        timesteps, num_inference_steps = flux_timesteps(
-            self.scheduler, num_inference_steps, latents.shape[1], device
-        )
-        guidance = flux_guidance(self.transformer, guidance_scale, latents.shape[0], device)
+        channels, dtype = self.transformer.config.in_channels // 4, embeds[branches[0][0]][0][0].dtype
+        latents, image_ids = self._rlg_latents(call, channels, height, width, dtype, device)
+        timesteps, _ = flux_timesteps(self.scheduler, call.num_inference_steps, latents.shape[1], device)
+        guidance = flux_guidance(self.transformer, call.guidance_scale, latents.shape[0], device)
 
         # 4. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, latents: torch.Tensor, timestep: torch.Tensor):
@@ -119,25 +85,22 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline):
             ]
             if do_true_cfg:  # true CFG: v_neg + s (v_pos - v_neg)
                 positive, negative = velocities
-                return guided_prediction(negative, positive, true_cfg_scale)
+                return guided_prediction(negative, positive, call.true_cfg_scale)
             return velocities[0]
 
-        self._num_timesteps = len(timesteps)
+        def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self._current_timestep = t  # FluxPipeline's current_timestep, during the step
+            return latents, t.expand(latents.shape[0]).to(latents.dtype)
+
         self.scheduler.set_begin_index(0)
-        for i, t in enumerate(timesteps):
-            self._current_timestep = t
-            timestep = t.expand(latents.shape[0]).to(latents.dtype)
-            velocity = self._rlg_prediction(branches, rlg_scale, predict, latents, timestep)
-            latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
-            latents = self._step_end(callback_on_step_end, i, t, latents)
+        latents = self._rlg_denoise(call, branches, timesteps, latents, predict, model_input)
         self._current_timestep = None
 
         # 5. Decode
-        if output_type == "latent":
-            image = latents
-        else:
+        def decode(latents: torch.Tensor) -> object:
             latents = self._unpack_latents(latents, height, width, self.vae_scale_factor)
             latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor
             image = self.vae.decode(latents, return_dict=False)[0]
-            image = self.image_processor.postprocess(image, output_type=output_type)
-        return self._rlg_output(image, return_dict)
+            return self.image_processor.postprocess(image, output_type=call.output_type)
+
+        return self._rlg_output(call, latents, decode)

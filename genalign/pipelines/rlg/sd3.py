@@ -8,90 +8,61 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retri
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
 from genalign.pipelines.guidance import apply_guidance, cfg_batch
-from genalign.pipelines.rlg.common import RLGMixin, RLGPipelineOutput, StepCallback, init_with_rl_denoiser
+from genalign.pipelines.rlg.common import RLGCall, RLGMixin, RLGPipelineOutput, rlg_call
 
 __all__ = ["RLGStableDiffusion3Pipeline"]
 
 
-class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
+class RLGStableDiffusion3Pipeline(
+    RLGMixin, StableDiffusion3Pipeline, denoiser="transformer", denoiser_type=SD3Transformer2DModel
+):
     """RLG (Jin et al. 2025) for SD3 / SD3.5 flow-matching transformers (FlowMatchEuler).
 
     Everything of :class:`~diffusers.StableDiffusion3Pipeline` plus an optional
     ``rl_transformer`` component for the two-model form.
     """
 
-    _optional_components = [*StableDiffusion3Pipeline._optional_components, "rl_transformer"]
-    _denoiser_name = "transformer"
-    _rl_denoiser_name = "rl_transformer"
+    __call__ = rlg_call(
+        StableDiffusion3Pipeline, num_inference_steps=28, guidance_scale=7.0, max_sequence_length=256
+    )
 
-    __init__ = init_with_rl_denoiser(StableDiffusion3Pipeline, "rl_transformer", SD3Transformer2DModel)
-
-    @torch.no_grad()
-    def __call__(
-        self,
-        prompt: str | list[str],
-        rlg_scale: float = 1.0,
-        num_inference_steps: int = 28,
-        guidance_scale: float = 7.0,
-        negative_prompt: str | list[str] | None = None,
-        height: int | None = None,
-        width: int | None = None,
-        num_images_per_prompt: int = 1,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        latents: torch.Tensor | None = None,
-        output_type: str = "pil",
-        return_dict: bool = True,
-        callback_on_step_end: StepCallback | None = None,
-        max_sequence_length: int = 256,
-    ) -> RLGPipelineOutput | tuple:
-        """Sample with RLG, ``rlg_scale`` = ``w`` (:class:`RLGMixin`); the rest as ``StableDiffusion3Pipeline``."""
+    def _sample(self, call: RLGCall) -> RLGPipelineOutput | tuple:
         # 1. Check inputs
-        self._check_rlg(rlg_scale)
-        height = height or self.default_sample_size * self.vae_scale_factor
-        width = width or self.default_sample_size * self.vae_scale_factor
+        height, width = self._rlg_size(call, self.default_sample_size)
         self.check_inputs(
-            prompt,
+            call.prompt,
             None,
             None,
             height,
             width,
-            negative_prompt=negative_prompt,
-            max_sequence_length=max_sequence_length,
+            negative_prompt=call.negative_prompt,
+            max_sequence_length=call.max_sequence_length,
         )
-        self._guidance_scale = guidance_scale
+        self._guidance_scale = call.guidance_scale
         self._joint_attention_kwargs = None
-        batch_size = 1 if isinstance(prompt, str) else len(prompt)
         device = self._execution_device
-        do_cfg = guidance_scale > 1
+        do_cfg = call.guidance_scale > 1
 
         # 2. Encode the prompt under each branch: (embeds, pooled embeds), [uncond; cond] under CFG
         def encode() -> tuple[torch.Tensor, torch.Tensor]:
             positive, negative, pooled, negative_pooled = self.encode_prompt(
-                prompt=prompt,
+                prompt=call.prompt,
                 prompt_2=None,
                 prompt_3=None,
-                negative_prompt=negative_prompt,
+                negative_prompt=call.negative_prompt,
                 do_classifier_free_guidance=do_cfg,
                 device=device,
-                num_images_per_prompt=num_images_per_prompt,
-                max_sequence_length=max_sequence_length,
+                num_images_per_prompt=call.num_images_per_prompt,
+                max_sequence_length=call.max_sequence_length,
             )
             return cfg_batch(negative, positive, do_cfg), cfg_batch(negative_pooled, pooled, do_cfg)
 
-        branches = self._branches(rlg_scale)
+        branches = self._branches(call.rlg_scale)
         embeds = self._encode_branches(branches, encode)
 
         # 3. Prepare latents
-        latents = self.prepare_latents(
-            batch_size * num_images_per_prompt,
-            self.transformer.config.in_channels,
-            height,
-            width,
-            embeds[branches[0][0]][0].dtype,
-            device,
-            generator,
-            latents,
-        )
+        dtype = embeds[branches[0][0]][0].dtype
+        latents = self._rlg_latents(call, self.transformer.config.in_channels, height, width, dtype, device)
 
         # 4. Prepare timesteps (dynamic shifting as SD3's pipeline)
         scheduler_kwargs = {}
@@ -105,8 +76,8 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
                 self.scheduler.config.get("base_shift", 0.5),
                 self.scheduler.config.get("max_shift", 1.16),
             )
-        timesteps, num_inference_steps = retrieve_timesteps(
-            self.scheduler, num_inference_steps, device, **scheduler_kwargs
+        timesteps, _ = retrieve_timesteps(
+            self.scheduler, call.num_inference_steps, device, **scheduler_kwargs
         )
 
         # 5. Denoising loop
@@ -119,21 +90,18 @@ class RLGStableDiffusion3Pipeline(RLGMixin, StableDiffusion3Pipeline):
                 pooled_projections=pooled_prompt_embeds,
                 return_dict=False,
             )[0]
-            return apply_guidance(velocity, guidance_scale, do_cfg)
+            return apply_guidance(velocity, call.guidance_scale, do_cfg)
 
-        self._num_timesteps = len(timesteps)
-        for i, t in enumerate(timesteps):
-            model_input = torch.cat([latents] * 2) if do_cfg else latents
-            timestep = t.expand(model_input.shape[0])
-            velocity = self._rlg_prediction(branches, rlg_scale, predict, model_input, timestep)
-            latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
-            latents = self._step_end(callback_on_step_end, i, t, latents)
+        def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            batch = cfg_batch(latents, latents, do_cfg)
+            return batch, t.expand(batch.shape[0])
+
+        latents = self._rlg_denoise(call, branches, timesteps, latents, predict, model_input)
 
         # 6. Decode
-        if output_type == "latent":
-            image = latents
-        else:
+        def decode(latents: torch.Tensor) -> object:
             latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor
             image = self.vae.decode(latents, return_dict=False)[0]
-            image = self.image_processor.postprocess(image, output_type=output_type)
-        return self._rlg_output(image, return_dict)
+            return self.image_processor.postprocess(image, output_type=call.output_type)
+
+        return self._rlg_output(call, latents, decode)
