@@ -134,11 +134,6 @@ def sd_layout_parameters(pipe) -> dict[str, Any]:
     return {"unet": pipe.unet, "text_encoder": pipe.text_encoder, "vae": pipe.vae}
 
 
-def finish_sd_layout(pipe, done: int, log: TrainingLog, start: float, out) -> tuple[Any, dict[str, Any]]:
-    """Describe the training of an SD-layout pipeline and save it if asked."""
-    return finish_training(pipe, sd_layout_parameters(pipe), done, log, start, out)
-
-
 def train_and_save(
     training: AveragedTraining,
     loss_fn: Callable[[int], torch.Tensor],
