@@ -4,6 +4,7 @@ the ``__init__`` and ``__call__`` signatures, and the sampling loop, written onc
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
@@ -176,7 +177,7 @@ def init_with_rl_denoiser(
     return __init__
 
 
-class RLGMixin:
+class RLGMixin(abc.ABC):
     """Shared RLG machinery: which model is the reference, which the RL-tuned one, and how one
     step's two branches become one prediction.
 
@@ -209,9 +210,9 @@ class RLGMixin:
         cls._optional_components = [*getattr(base, "_optional_components", []), cls._rl_denoiser_name]
         cls.__init__ = init_with_rl_denoiser(base, cls._rl_denoiser_name, denoiser_type, **init_defaults)
 
+    @abc.abstractmethod
     def _sample(self, call: RLGCall) -> RLGPipelineOutput | tuple:
         """The family's sampling, ``__call__``'s body (every family defines it)."""
-        raise NotImplementedError(f"{type(self).__name__} must define _sample, its __call__ body")
 
     @property
     def rl_denoiser(self) -> torch.nn.Module | None:
