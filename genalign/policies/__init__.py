@@ -19,6 +19,7 @@ The ``ar_video`` family (:mod:`.ar_video`) samples block-causal video transforme
     policy = load_policy("ar_video", "tiny:ar_video")
     trajectory = policy.rollout(["a red circle"], group_size=2, generator=0, num_frames=6, height=32, width=32)
     trajectory.images    # the videos [B, F_pixels, 3, H, W] in [0, 1]
+    policy.local_window = LocalWindow(12, 3)   # LongLive's window with sink frames: a bounded cache
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from genalign.policies.sd import SDPolicy
 from genalign.policies.supervised import teacher_forced_trajectory
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 from genalign.policies.trajectory import RolloutSettings, Trajectory
+from genalign.policies.video_kv_cache import LocalWindow
 from genalign.registry import Registry
 
 POLICIES: Registry[type[DiffusionPolicy] | type[LanguagePolicy]] = Registry("policy family")
@@ -75,6 +77,7 @@ __all__ = [
     "JointPolicy",
     "JointTrajectory",
     "LanguagePolicy",
+    "LocalWindow",
     "LoRASpec",
     "LoraSpec",  # deprecated alias of LoRASpec
     "RolloutSettings",

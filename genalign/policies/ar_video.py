@@ -20,6 +20,11 @@ give it as context:
 * ``kv_cache=True`` (default): the clean block is run once at t = 0 and its keys and values are
   kept (:mod:`genalign.policies.video_kv_cache`); the outputs equal the recompute path's.
 
+``local_window`` (None: full block-causal attention) sets LongLive's short window with sink frames
+(:class:`genalign.policies.video_kv_cache.LocalWindow`; LongLive-1.3B: ``LocalWindow(12, 3)``)
+on every path: rollouts (cached or recomputed), log-prob recomputation and streaming windows. With
+it the cache stays bounded, so rollouts may run far past the length the model was trained on.
+
 No classifier-free guidance (the distilled models sample at guidance 1, as Astrolabe's rollouts).
 
 Trajectory layout: ``latents[:, i]`` ``[B, C, F, h, w]`` holds every block's sample before step
@@ -41,7 +46,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from genalign.policies.base import DiffusionPolicy
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.trajectory import Trajectory
-from genalign.policies.video_kv_cache import VideoKVCache, block_kv_cache
+from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache
 from genalign.sampling import StepOutput
 from genalign.sampling.self_forcing import self_forcing_step, self_forcing_timesteps, uniform_denoising_steps
 
@@ -54,7 +59,8 @@ class ARVideoPolicy(DiffusionPolicy):
     """A block-causal video transformer sampled block by block (module docstring).
 
     Class attributes a user may change: ``timestep_shift`` (5.0, Self-Forcing's), ``context_timestep``
-    (0, the official ``context_noise``), ``default_num_blocks`` (7: 21 latent frames in blocks of 3).
+    (0, the official ``context_noise``), ``default_num_blocks`` (7: 21 latent frames in blocks of 3),
+    ``local_window`` (None; a :class:`~genalign.policies.video_kv_cache.LocalWindow` for LongLive).
     """
 
     family = "ar_video"
@@ -65,6 +71,7 @@ class ARVideoPolicy(DiffusionPolicy):
     timestep_shift = 5.0
     context_timestep = 0.0
     default_resolution = (480, 832)  # Self-Forcing / Astrolabe's 480 x 832
+    local_window: LocalWindow | None = None
 
     def __init__(self, pipeline: Any, **kwargs: Any) -> None:
         transformer = getattr(pipeline, "transformer", None)
@@ -135,8 +142,16 @@ class ARVideoPolicy(DiffusionPolicy):
         self, latents: torch.Tensor, timesteps: torch.Tensor, conditioning: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         """The flow output ``v`` ``[B, C, F, h, w]`` (fp32) of the whole sequence ``latents`` at
-        per-frame model timesteps ``timesteps`` ``[B, F]``, under the block-causal mask."""
+        per-frame model timesteps ``timesteps`` ``[B, F]``, under the block-causal mask (and the
+        local window, when set: through an empty cache, which applies it as a mask)."""
         embeds = conditioning["prompt_embeds"].to(self.device, self.model_dtype)
+        if self.local_window is not None:
+            with block_kv_cache(self.denoiser, self.local_window) as cache:
+                latents, timesteps = (
+                    latents.to(self.device, self.model_dtype),
+                    timesteps.to(self.device, torch.float32),
+                )
+                return cache.run(latents, timesteps, embeds, write=False).float()
         return self.denoiser(
             hidden_states=latents.to(self.device, self.model_dtype),
             timestep=timesteps.to(self.device, torch.float32),
@@ -173,7 +188,7 @@ class ARVideoPolicy(DiffusionPolicy):
         embeds = conditioning["prompt_embeds"].to(self.device, self.model_dtype)
         latents = latents.to(self.device, self.model_dtype)
         timesteps = timesteps.to(self.device, torch.float32)
-        with block_kv_cache(self.denoiser) as cache:
+        with block_kv_cache(self.denoiser, self.local_window) as cache:
             if window_start > 0:
                 with torch.no_grad():
                     cache.run(latents[:, :, :window_start], timesteps[:, :window_start], embeds, write=True)
@@ -300,7 +315,9 @@ class ARVideoPolicy(DiffusionPolicy):
         log_probs = torch.zeros(batch, num_steps)
         stds = sigmas[1:][None].expand(batch, -1).clone()
         with contextlib.ExitStack() as stack:
-            cache = stack.enter_context(block_kv_cache(self.denoiser)) if kv_cache else None
+            cache = (
+                stack.enter_context(block_kv_cache(self.denoiser, self.local_window)) if kv_cache else None
+            )
             for start in range(0, num_frames, self.block_size):
                 frames = slice(start, start + self.block_size)
                 sample = noise[:, :, frames]

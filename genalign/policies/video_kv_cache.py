@@ -25,15 +25,27 @@ only the text. :class:`VideoKVCache.run` runs one
 block at per-frame timesteps and, with ``write=True``, appends its keys and values (the clean
 block re-run at t = 0 becomes context, as Self-Forcing's ``context_noise = 0``).
 
-Limits: no eviction (LongLive's local window with sink frames is not implemented). Gradients
-flow through the frames being run but not into the cached keys and values when those were
-written under ``torch.no_grad`` (a streaming window's detached history).
+**LongLive's local window with sink frames** (:class:`LocalWindow`; Yang et al. 2025, arXiv
+2509.22622, "short window attention" and "frame sink"; official ``CausalWanSelfAttention`` with
+``local_attn_size`` 12 and ``sink_size`` 3 latent frames): every query of a block sees the first
+``sink_frames`` frames of the video and the last ``local_frames - sink_frames`` frames up to its
+own block's end (the block itself included), nothing else. With a window the cache evicts every
+frame no later block can see, so it holds at most ``local_frames - k`` frames whatever the video's
+length; rotary positions stay absolute (keys are stored rotated at their own frames, as the
+official cache does). The recompute path applies the same window as a mask over the whole
+sequence (:meth:`VideoKVCache.run` on an empty cache), so both paths give the same videos.
+
+Limits: gradients flow through the frames being run but not into the cached keys and values when
+those were written under ``torch.no_grad`` (a streaming window's detached history). LongLive's
+``global_sink`` option (the sink region protected during KV recomputation after a prompt switch)
+has no counterpart: prompts do not change within a rollout here.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,7 +55,7 @@ from diffusers.models.transformers.transformer_skyreels_v2 import (
     _get_qkv_projections,
 )
 
-__all__ = ["CachedSelfAttention", "VideoKVCache", "apply_rotary_embedding", "block_kv_cache"]
+__all__ = ["CachedSelfAttention", "LocalWindow", "VideoKVCache", "apply_rotary_embedding", "block_kv_cache"]
 
 
 def apply_rotary_embedding(
@@ -59,22 +71,71 @@ def apply_rotary_embedding(
     return out.type_as(hidden_states)
 
 
+@dataclass(frozen=True)
+class LocalWindow:
+    """LongLive's attention span in latent frames (module docstring): the queries of a block
+    ending at frame ``e`` (exclusive) see frames ``j < sink_frames`` and ``e - (local_frames -
+    sink_frames) <= j < e``. LongLive-1.3B: ``LocalWindow(12, 3)``."""
+
+    local_frames: int
+    sink_frames: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sink_frames < 0 or self.local_frames <= self.sink_frames:
+            raise ValueError(
+                f"local window: local_frames {self.local_frames} must exceed sink_frames {self.sink_frames} >= 0"
+            )
+
+    def check_block(self, block_size: int) -> None:
+        """A block must see itself: ``local_frames - sink_frames >= block_size``."""
+        if self.local_frames - self.sink_frames < block_size:
+            raise ValueError(
+                f"local window: local_frames {self.local_frames} - sink_frames {self.sink_frames} is below "
+                f"the block size {block_size}, so a block would not see itself"
+            )
+
+    def visible(self, query_block_end: torch.Tensor, key_frames: torch.Tensor) -> torch.Tensor:
+        """bool ``[Fq, Fk]``: may a query whose block ends at ``query_block_end`` ``[Fq]`` (exclusive
+        absolute frame) see the key at absolute frame ``key_frames`` ``[Fk]``?"""
+        end, key = query_block_end[:, None], key_frames[None, :]
+        recent = key >= end - (self.local_frames - self.sink_frames)
+        return (key < end) & ((key < self.sink_frames) | recent)
+
+    def kept_after(self, frames: int, block_size: int, key_frames: torch.Tensor) -> torch.Tensor:
+        """bool ``[Fk]``: the cached frames that a later block (the next one ends at ``frames +
+        block_size``) can still see; the others are evicted."""
+        return (key_frames < self.sink_frames) | (
+            key_frames >= frames + block_size - (self.local_frames - self.sink_frames)
+        )
+
+
 class VideoKVCache:
     """Per-layer keys and values ``[B, S_cached, heads, D]`` of the clean context frames.
 
     Attributes:
-        frames: latent frames held (the next block's first absolute frame index).
+        frames: latent frames written so far (the next block's first absolute frame index).
+        cached_frames: LongTensor ``[F_cached]``, the absolute frames whose keys are held (all
+            of ``range(frames)`` without a window; the sink and the recent ones with one).
+        window: a :class:`LocalWindow`, or None for full block-causal attention.
         rotary: the rotary embedding ``(cos, sin)`` of the frames being run, set by :meth:`run`.
+        mask: the attention mask ``[1, 1, S, S_cached + S]`` of the frames being run under a
+            window (None: diffusers' own block-causal mask, every cached frame visible).
         write: whether the frames being run are appended after attending.
     """
 
-    def __init__(self, transformer: Any) -> None:
+    def __init__(self, transformer: Any, window: LocalWindow | None = None) -> None:
         self.transformer = transformer
         num_layers = len(transformer.blocks)
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.frames = 0
+        self.cached_frames = torch.zeros(0, dtype=torch.long)
+        self.window = window
+        self.block_size = int(transformer.config.num_frame_per_block)
+        if window is not None:
+            window.check_block(self.block_size)
         self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.mask: torch.Tensor | None = None
         self.write = False
 
     def _rotary_for(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,12 +149,48 @@ class VideoKVCache:
         tokens *= width // self.transformer.config.patch_size[2]
         return cos[:, -tokens:], sin[:, -tokens:]
 
+    def _window_mask(
+        self, num_frames: int, tokens_per_frame: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """The token mask ``[1, 1, S, S_cached + S]`` of ``num_frames`` frames run from
+        ``self.frames`` under the window (None without one)."""
+        if self.window is None:
+            return None
+        new = torch.arange(self.frames, self.frames + num_frames)
+        block_end = (new // self.block_size + 1) * self.block_size
+        frames = self.window.visible(block_end, torch.cat([self.cached_frames, new]))
+        tokens = frames.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
+        return tokens[None, None].to(device)
+
+    def _evict(self, tokens_per_frame: int) -> None:
+        """Drop the frames no later block can see (a window only)."""
+        if self.window is None:
+            return
+        kept = self.window.kept_after(self.frames, self.block_size, self.cached_frames)
+        if bool(kept.all()):
+            return
+        rows = kept.repeat_interleave(tokens_per_frame).nonzero().squeeze(1)
+        for layer, (key, value) in enumerate(zip(self.keys, self.values)):
+            if key is not None:
+                self.keys[layer] = key[:, rows.to(key.device)]
+                self.values[layer] = value[:, rows.to(value.device)]
+        self.cached_frames = self.cached_frames[kept]
+
     def run(
         self, latents: torch.Tensor, timesteps: torch.Tensor, encoder_hidden_states: torch.Tensor, write: bool
     ) -> torch.Tensor:
         """The transformer's output ``[B, C, k, h, w]`` for one block ``latents`` at per-frame
-        ``timesteps`` ``[B, k]``, attending to the cached frames; ``write`` appends the block."""
+        ``timesteps`` ``[B, k]``, attending to the cached frames; ``write`` appends the block.
+        Several blocks may run at once (the block-causal mask among them is kept); on an empty
+        cache that is the recompute path, under the window when there is one."""
+        num_frames = latents.shape[2]
+        if num_frames % self.block_size:
+            raise ValueError(
+                f"{num_frames} latent frames is not a whole number of blocks of {self.block_size}"
+            )
         self.rotary = self._rotary_for(latents)
+        tokens_per_frame = self.rotary[0].shape[1] // num_frames
+        self.mask = self._window_mask(num_frames, tokens_per_frame, latents.device)
         self.write = write
         try:
             out = self.transformer(
@@ -104,9 +201,12 @@ class VideoKVCache:
                 return_dict=False,
             )[0]
         finally:
-            self.rotary, self.write = None, False
+            self.rotary, self.mask, self.write = None, None, False
         if write:
-            self.frames += latents.shape[2]
+            new = torch.arange(self.frames, self.frames + num_frames)
+            self.cached_frames = torch.cat([self.cached_frames, new])
+            self.frames += num_frames
+            self._evict(tokens_per_frame)
         return out
 
     def attend(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +237,9 @@ class CachedSelfAttention(SkyReelsV2AttnProcessor):
         key = apply_rotary_embedding(key, *self.cache.rotary)
         cached = self.cache.keys[self.layer]
         key, value = self.cache.attend(self.layer, key, value)  # (B, S_cached + S, heads, D)
-        if attention_mask is not None and cached is not None:  # several blocks run at once: keep
+        if self.cache.mask is not None:  # a local window: it holds the block-causal mask too
+            attention_mask = self.cache.mask
+        elif attention_mask is not None and cached is not None:  # several blocks run at once: keep
             # their block-causal mask among themselves, every cached frame visible
             visible = attention_mask.new_ones(*attention_mask.shape[:-1], cached.shape[1])
             attention_mask = torch.cat([visible, attention_mask], dim=-1)
@@ -157,10 +259,11 @@ class CachedSelfAttention(SkyReelsV2AttnProcessor):
 
 
 @contextlib.contextmanager
-def block_kv_cache(transformer: Any) -> Iterator[VideoKVCache]:
-    """A fresh :class:`VideoKVCache` on ``transformer`` for the duration of the context: every
-    block's ``attn1`` processor is swapped for :class:`CachedSelfAttention` and restored after."""
-    cache = VideoKVCache(transformer)
+def block_kv_cache(transformer: Any, window: LocalWindow | None = None) -> Iterator[VideoKVCache]:
+    """A fresh :class:`VideoKVCache` on ``transformer`` (attending within ``window`` when given)
+    for the duration of the context: every block's ``attn1`` processor is swapped for
+    :class:`CachedSelfAttention` and restored after."""
+    cache = VideoKVCache(transformer, window)
     originals = [block.attn1.processor for block in transformer.blocks]
     for layer, block in enumerate(transformer.blocks):
         block.attn1.set_processor(CachedSelfAttention(cache, layer))

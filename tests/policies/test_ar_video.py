@@ -134,3 +134,85 @@ def test_a_streaming_window_equals_the_full_forward_and_gradient_reaches_only_wi
     assert full_gradient[:, :, :2].abs().sum() > 0
     with pytest.raises(ValueError, match="window_start 3 must be a multiple of the block size 2"):
         policy.predict_window_x0(latents, timesteps, conditioning, window_start=3)
+
+
+# ---- LongLive's local window with sink frames --------------------------------------------------
+
+
+@pytest.fixture
+def windowed(policy):
+    """The policy with LongLive's span at the tiny model's scale: 2 sink frames, 6 frames in all."""
+    policy.local_window = video_kv_cache.LocalWindow(local_frames=6, sink_frames=2)
+    try:
+        yield policy
+    finally:
+        policy.local_window = None  # full block-causal attention, the default
+
+
+def test_the_local_window_sees_the_sink_and_the_recent_frames_by_hand():
+    window = video_kv_cache.LocalWindow(local_frames=6, sink_frames=2)
+    keys = torch.arange(10)
+    # queries of the block [6, 8) see the sink {0, 1} and the last 4 frames up to 8: {4, 5, 6, 7}
+    assert keys[window.visible(torch.tensor([8, 8]), keys)[0]].tolist() == [0, 1, 4, 5, 6, 7]
+    # the block [2, 4) sees everything before its end; nothing later
+    assert keys[window.visible(torch.tensor([4]), keys)[0]].tolist() == [0, 1, 2, 3]
+    # after writing frames 0..7, the next block (ending at 10) can see {0, 1} and {6, 7}: 2..5 go
+    cached = torch.arange(8)
+    assert cached[window.kept_after(8, 2, cached)].tolist() == [0, 1, 6, 7]
+    with pytest.raises(ValueError, match="local_frames 2 must exceed sink_frames 2"):
+        video_kv_cache.LocalWindow(local_frames=2, sink_frames=2)
+    with pytest.raises(ValueError, match="local_frames 4 - sink_frames 2 is below the block size 3"):
+        video_kv_cache.LocalWindow(local_frames=4, sink_frames=2).check_block(3)
+
+
+def test_a_windowed_rollout_equals_its_recompute_and_the_cache_stays_bounded(policy, windowed, monkeypatch):
+    held = []
+    evict = video_kv_cache.VideoKVCache._evict
+    monkeypatch.setattr(
+        video_kv_cache.VideoKVCache,
+        "_evict",
+        lambda self, tokens: (
+            evict(self, tokens) or held.append((len(self.cached_frames), self.keys[0].shape[1]))
+        ),
+    )
+    cached = windowed.rollout(PROMPTS[:1], group_size=2, generator=7, num_frames=12, kv_cache=True, **SIZE)
+    assert max(frames for frames, _ in held) == 4  # sink 2 + the 2 frames before the next block
+    tokens_per_frame = held[-1][1] // held[-1][0]
+    assert all(tokens == frames * tokens_per_frame for frames, tokens in held)
+    recomputed = windowed.rollout(
+        PROMPTS[:1], group_size=2, generator=7, num_frames=12, kv_cache=False, **SIZE
+    )
+    torch.testing.assert_close(cached.latents, recomputed.latents, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cached.log_probs, recomputed.log_probs, atol=1e-2, rtol=1e-5)
+    # log-probs recomputed under the current weights use the same window
+    torch.testing.assert_close(windowed.log_prob(cached), cached.log_probs, atol=1e-2, rtol=1e-5)
+    # twice the length: the cache holds no more
+    held.clear()
+    windowed.rollout(PROMPTS[:1], generator=7, num_frames=24, kv_cache=True, **SIZE)
+    assert max(frames for frames, _ in held) == 4
+    # against full attention: the blocks whose span fits the window are the same, later ones not
+    windowed.local_window = None
+    full = windowed.rollout(PROMPTS[:1], group_size=2, generator=7, num_frames=12, kv_cache=True, **SIZE)
+    torch.testing.assert_close(
+        full.latents[..., :6, :, :], cached.latents[..., :6, :, :], atol=1e-5, rtol=1e-5
+    )
+    assert not torch.allclose(full.latents[:, -1, :, 6:], cached.latents[:, -1, :, 6:], atol=1e-3)
+
+
+def test_a_streaming_window_under_the_local_window_equals_its_full_forward(policy, windowed):
+    conditioning = windowed.encode_prompts(PROMPTS[:1], 1.0, "")
+    latents = torch.randn(1, 4, 10, 8, 8, generator=torch.Generator().manual_seed(8))
+    timesteps = torch.full((1, 10), 625.0)
+    with torch.no_grad():
+        full = windowed.predict_video_x0(latents, timesteps, conditioning)
+        for start in (2, 4, 6, 8):
+            torch.testing.assert_close(
+                windowed.predict_window_x0(latents, timesteps, conditioning, start),
+                full[:, :, start:],
+                atol=1e-5,
+                rtol=1e-5,
+            )
+        windowed.local_window = None
+        unwindowed = windowed.predict_video_x0(latents, timesteps, conditioning)
+    torch.testing.assert_close(unwindowed[:, :, :6], full[:, :, :6], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(unwindowed[:, :, 6:], full[:, :, 6:], atol=1e-3)
