@@ -87,6 +87,19 @@ class ARVideoPolicy(DiffusionPolicy):
             )
         super().__init__(pipeline, **kwargs)
 
+    @classmethod
+    def from_pretrained(
+        cls, *args: Any, local_window: LocalWindow | Sequence[int] | None = None, **kwargs: Any
+    ):
+        """:meth:`DiffusionPolicy.from_pretrained`, and ``local_window`` (a :class:`LocalWindow` or
+        ``(local_frames, sink_frames)``; LongLive-1.3B: ``(12, 3)``) set on the loaded policy."""
+        policy = super().from_pretrained(*args, **kwargs)
+        if local_window is not None:
+            window = local_window if isinstance(local_window, LocalWindow) else LocalWindow(*local_window)
+            window.check_block(policy.block_size)
+            policy.local_window = window
+        return policy
+
     # ---- the model's shape -----------------------------------------------------------------------
     @property
     def block_size(self) -> int:

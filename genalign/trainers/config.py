@@ -52,7 +52,9 @@ class ModelConfig:
     ``tiny:NAME``; ``lora``: LoRA adapters (None: full fine-tuning of the denoiser); ``dtype``:
     weight dtype of the frozen parts, e.g. "bfloat16" (None: the checkpoint's); ``frozen``: under
     full fine-tuning of a ``language`` model, parameter-name prefixes kept frozen (e.g.
-    ``[model.vision_tower]``: a VLM's image encoder, which Adam's normalised noise would move).
+    ``[model.vision_tower]``: a VLM's image encoder, which Adam's normalised noise would move);
+    ``local_window``: ``[local_frames, sink_frames]`` of an ``ar_video`` model, LongLive's short
+    window with sink frames (``[12, 3]`` for LongLive-1.3B; None: full block-causal attention).
     """
 
     family: str = "sd"
@@ -60,10 +62,30 @@ class ModelConfig:
     lora: LoRAConfig | None = field(default_factory=LoRAConfig)
     dtype: str | None = None
     frozen: list[str] = field(default_factory=list)
+    local_window: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("model.path is required (a hub id or a local diffusers folder)")
+        if self.local_window is not None:
+            window = self.local_window
+            if self.family != "ar_video":
+                raise ConfigError(
+                    f"model.local_window is for the 'ar_video' family, but model.family is {self.family!r}"
+                )
+            if len(window) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in window):
+                raise ConfigError(
+                    f"model.local_window must be [local_frames, sink_frames] (two integers), got {window!r}"
+                )
+            if not 0 <= window[1] < window[0]:
+                raise ConfigError(f"model.local_window {window!r}: need local_frames > sink_frames >= 0")
+
+    def policy_options(self) -> dict[str, Any]:
+        """The family-specific keyword arguments of ``load_policy`` this section sets."""
+        options: dict[str, Any] = {"frozen": list(self.frozen)} if self.frozen else {}
+        if self.local_window is not None:
+            options["local_window"] = tuple(self.local_window)
+        return options
 
 
 @dataclass

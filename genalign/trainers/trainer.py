@@ -583,9 +583,9 @@ def build_trainer(
     accelerator = accelerator or make_accelerator(config)
     device = accelerator.device
     lora, trained = generator_training(config, lora)  # PromptRL's LM-only runs freeze the generator
-    frozen = {"frozen": list(model.frozen)} if model.frozen else {}  # the language family's option
+    options = model.policy_options()  # the language family's frozen, ar_video's local_window
     policy = load_policy(
-        model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device, **frozen
+        model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device, **options
     )
     reward = load_reward(config.reward.name, **config.reward.kwargs)
     monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}

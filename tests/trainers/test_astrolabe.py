@@ -12,7 +12,7 @@ import torch
 
 from genalign.algorithms.nft import nft_loss_in_x0
 from genalign.config import ConfigError
-from genalign.policies import load_policy
+from genalign.policies import load_policy, video_kv_cache
 from genalign.trainers.config import load_recipe
 from genalign.trainers.losses import AstrolabeLoss
 from genalign.trainers.losses.forward_process import seeded_noise
@@ -171,3 +171,27 @@ def test_a_streaming_window_trains_the_window_against_a_detached_history(video_p
         )
         torch.testing.assert_close(value.detach(), per_sample.mean(), atol=1e-5, rtol=1e-4)
     assert len(starts) > 1 and starts <= {0, 2, 4}
+
+
+def test_model_local_window_reaches_the_policy_and_bad_values_name_the_key(tmp_path, monkeypatch):
+    run = f"logging.run_dir={tmp_path}/run"
+    with pytest.raises(ConfigError, match="model.local_window is for the 'ar_video' family"):
+        load_recipe(RECIPE, [run, "model.family=flow", "model.local_window=[6, 2]"])
+    with pytest.raises(ConfigError, match=r"model.local_window must be \[local_frames, sink_frames\]"):
+        load_recipe(RECIPE, [run, "model.local_window=[6]"])
+    with pytest.raises(ConfigError, match=r"model.local_window \[2, 2\]: need local_frames > sink_frames"):
+        load_recipe(RECIPE, [run, "model.local_window=[2, 2]"])
+    from genalign.cli import main
+    from genalign.policies import ARVideoPolicy
+
+    windows = []
+    sample_blocks = ARVideoPolicy._sample_blocks
+    monkeypatch.setattr(
+        ARVideoPolicy,
+        "_sample_blocks",
+        lambda self, *a: windows.append(self.local_window) or sample_blocks(self, *a),
+    )
+    assert main(["train", str(RECIPE), run, "train.num_steps=1", "model.local_window=[4, 2]"]) == 0
+    assert windows and all(w == video_kv_cache.LocalWindow(local_frames=4, sink_frames=2) for w in windows)
+    # a window a block cannot see itself in: one line naming the values
+    assert main(["train", str(RECIPE), f"logging.run_dir={tmp_path}/bad", "model.local_window=[3, 2]"]) == 2
