@@ -378,12 +378,14 @@ def test_toy_clip_through_the_public_reward_api(subset):
     assert float(changed.mean()) == pytest.approx(expected["mean_cosine_changed"], abs=SUBSET_TOLERANCE)
 
 
-def test_toy_vlm_through_the_public_reward_api(subset):
-    """The shipped toy-vlm loads as VQAScore (``vlm_yes``) and Q-Align (``iqa``) with no toy-specific
-    code, prefers the true caption to a one-attribute change, and reproduces its card's subset scores."""
-    card = _card("toy-vlm")
+@pytest.mark.parametrize("name", ["toy-vlm", "toy-vlm-iqa"])
+def test_toy_vlm_through_the_public_reward_api(subset, name):
+    """The shipped toy-vlm (and toy-vlm-iqa, its fourth stage with the vision tower trained, #27)
+    loads as VQAScore (``vlm_yes``) and Q-Align (``iqa``) with no toy-specific code, prefers the true
+    caption to a one-attribute change, and reproduces its card's subset scores."""
+    card = _card(name)
     assert card["eval"]["subset_indices"] == subset_indices()
-    path = str(MODELS / "toy-vlm")
+    path = str(MODELS / name)
     reward = load_reward("vlm_yes", model=path)
     images = torch.stack([item.noisy for item in subset])
     captions = [item.caption for item in subset]
