@@ -13,6 +13,14 @@ percentile bootstrap intervals, 1000 resamples, seed 0, as eval-reward::
 
 ``--samples 0`` is the greedy answer (the iqa reward's default), N > 0 the mean of N seeded samples
 at ``--temperature``. One JSON line per setting goes to ``--log``.
+
+``--baseline JUDGE`` also scores a second judge (greedy) on the same images and reports the paired
+difference (this judge minus the baseline) of SRCC, PLCC and the original-above-degraded rate with a
+paired bootstrap: both judges' statistics on each resample of images, so what the two share (the
+images that are hard for both) cancels out of the interval. The way to ask whether RL moved a judge
+beyond its own starting point::
+
+    python benchmarks/q_hawkeye_judge.py runs/toy-q-hawkeye/final --baseline runs/toy-q-hawkeye-sft/final
 """
 
 from __future__ import annotations
@@ -70,6 +78,27 @@ def summary(original: np.ndarray, degraded: np.ndarray, mos: np.ndarray) -> dict
     return out
 
 
+def paired_difference(
+    ours: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray], mos: np.ndarray
+) -> dict[str, list[float]]:
+    """``{name: [difference, low, high]}``: ours minus theirs for srcc, plcc and
+    original-above-degraded, with percentile intervals from one paired bootstrap over the images."""
+    credits = [
+        metrics.preference_credit(o, d, np.zeros(len(mos)), policy="skip-ties") for o, d in (ours, theirs)
+    ]
+
+    def statistic(index: np.ndarray) -> dict[str, float]:
+        a = metrics.mos_correlations(ours[0][index], mos[index], fit=False)
+        b = metrics.mos_correlations(theirs[0][index], mos[index], fit=False)
+        out = {name: a[name] - b[name] for name in ("srcc", "plcc")}
+        out["original_above_degraded"] = float(np.nanmean(credits[0][index]) - np.nanmean(credits[1][index]))
+        return out
+
+    point = statistic(np.arange(len(mos)))
+    intervals = metrics.bootstrap_intervals(statistic, len(mos))
+    return {name: [value, *intervals[name]] for name, value in point.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", help="a judge folder (a q_hawkeye run's final/) or a Q-Align VLM")
@@ -79,10 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--label", default=None, help="name in the log (default: the model path)")
     parser.add_argument("--log", default=str(ROOT / "runs/q_hawkeye_judges.jsonl"))
+    parser.add_argument(
+        "--baseline", default=None, help="a second judge (greedy): report the paired difference to it"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     originals, degraded, mos = load_set(Path(args.data))
     answer = (Path(args.model) / "iqa_judge.json").is_file()
+    baseline = None
+    if args.baseline is not None:
+        reward = load_reward("iqa", model=args.baseline, batch_size=args.batch_size).eval()
+        baseline = (score(reward, originals, args.batch_size)[0], score(reward, degraded, args.batch_size)[0])
     for samples in args.samples if answer else [0]:
         start = time.perf_counter()
         options = (
@@ -93,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         s_degraded, _ = score(reward, degraded, args.batch_size)
         row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
         row.update(summary(s_original, s_degraded, mos), parsed=parsed, seconds=time.perf_counter() - start)
+        if baseline is not None:
+            row["baseline"] = args.baseline
+            difference = paired_difference((s_original, s_degraded), baseline, mos)
+            row.update({f"{name}_minus_baseline": value for name, value in difference.items()})
         with open(args.log, "a", encoding="utf-8") as log:
             log.write(json.dumps(row) + "\n")
         cells = [f"{k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in row.items() if isinstance(v, list)]

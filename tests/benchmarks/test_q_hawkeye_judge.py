@@ -1,0 +1,55 @@
+"""The paired judge comparison of benchmarks/q_hawkeye_judge.py (``--baseline``) against scipy and
+a hand count, and its bootstrap against an unpaired one."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr, spearmanr
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "q_hawkeye_judge.py"
+
+
+@pytest.fixture(scope="module")
+def judge():
+    spec = importlib.util.spec_from_file_location("q_hawkeye_judge", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_point_differences_by_hand(judge):
+    mos = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 2.5])
+    ours = (np.array([1.0, 2.0, 3.0, 4.0, 5.0, 2.4]), np.array([0.5, 1.0, 3.5, 3.0, 4.0, 2.4]))
+    theirs = (np.array([2.0, 1.0, 3.0, 5.0, 4.0, 2.0]), np.array([2.5, 0.0, 1.0, 6.0, 4.0, 1.0]))
+    out = judge.paired_difference(ours, theirs, mos)
+    srcc = spearmanr(ours[0], mos)[0] - spearmanr(theirs[0], mos)[0]
+    plcc = pearsonr(ours[0], mos)[0] - pearsonr(theirs[0], mos)[0]
+    assert out["srcc"][0] == pytest.approx(srcc) and out["plcc"][0] == pytest.approx(plcc)
+    # original above degraded, a tie counting a half: ours 4 above, 1 below, 1 tie = 4.5/6; theirs
+    # 3 above (1.0 > 0.0, 3.0 > 1.0, 2.0 > 1.0), 2 below (2.0 < 2.5, 5.0 < 6.0), 1 tie = 3.5/6
+    assert out["original_above_degraded"][0] == pytest.approx(4.5 / 6 - 3.5 / 6)
+    for value, low, high in out.values():
+        assert low <= value + 1e-9 and value - 1e-9 <= high
+
+
+def test_the_paired_interval_cancels_what_both_judges_share(judge):
+    """Two judges that share most of their error: the paired interval of the SRCC difference is far
+    narrower than the difference of two unpaired intervals, and excludes 0 where ours is better."""
+    rng = np.random.default_rng(0)
+    mos = rng.uniform(1, 5, 300)
+    shared = rng.normal(0, 1.0, 300)
+    ours = mos + shared + rng.normal(0, 0.1, 300)
+    theirs = mos + shared + rng.normal(0, 0.4, 300)
+    degraded = mos - 1.0
+    out = judge.paired_difference((ours, degraded), (theirs, degraded), mos)
+    value, low, high = out["srcc"]
+    assert value > 0 and low > 0
+    alone = [judge.summary(s, degraded, mos)["srcc"] for s in (ours, theirs)]
+    unpaired_width = (alone[0][2] - alone[0][1]) + (alone[1][2] - alone[1][1])
+    assert high - low < 0.5 * unpaired_width
+    same = judge.paired_difference((ours, degraded), (ours, degraded), mos)
+    assert all(v == pytest.approx(0.0) and lo == pytest.approx(0.0) == hi for v, lo, hi in same.values())
