@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,17 +14,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("promptrl_toy", ROOT / "benchmarks" / "promptrl_toy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def bench(benchmark_module):
+    return benchmark_module("promptrl_toy")
 
 
-def test_arms_share_the_recipe_and_the_image_budget():
+def test_arms_share_the_recipe_and_the_image_budget(bench):
     from genalign.config import to_dict
 
-    bench = load_benchmark()
     args = bench.parse_args(["--budget", "100"])
     built = {arm: bench.build_config(args, arm, 3, Path("/tmp/x")) for arm in bench.ARMS}
     assert {arm: c.train.prompt_rewrite.trains for arm, (c, _) in built.items()} == {
@@ -44,11 +40,10 @@ def test_arms_share_the_recipe_and_the_image_budget():
     assert plain[0] == plain[1] == plain[2]  # nothing else differs
 
 
-def test_eval_items_are_paraphrases_of_rl_heldout_with_their_canonical_specs():
+def test_eval_items_are_paraphrases_of_rl_heldout_with_their_canonical_specs(bench):
     from genalign.toy.evaluation import eval_set
     from genalign.toy.prompts import prompts_for
 
-    bench = load_benchmark()
     items = bench.eval_items(4)
     canonical = eval_set("rl_heldout", 4)
     assert len(items) == len(canonical) == 24
@@ -72,10 +67,9 @@ class _Recorder:
         return SimpleNamespace(images=torch.zeros(len(prompts), 3, 64, 64))
 
 
-def test_evaluation_draws_the_rewrites_from_fixed_seeds():
+def test_evaluation_draws_the_rewrites_from_fixed_seeds(bench):
     from genalign.algorithms.prompt_rewrite import GENEVAL_TEMPLATE
 
-    bench = load_benchmark()
     args = bench.parse_args(["--eval-batch-size", "5"])
     config, _ = bench.build_config(args, "joint", 0, Path("/tmp/x"))
     items = bench.eval_items(2)
@@ -104,8 +98,7 @@ def test_evaluation_draws_the_rewrites_from_fixed_seeds():
     assert rewriter.calls[-1][2]["temperature"] == 0.01
 
 
-def test_images_to_reach_interpolates_the_first_crossing():
-    bench = load_benchmark()
+def test_images_to_reach_interpolates_the_first_crossing(bench):
     xs = [0, 128, 256, 384]
     assert bench.images_to_reach(xs, [0.2, 0.3, 0.5, 0.45], 0.4) == pytest.approx(192.0)
     assert bench.images_to_reach(xs, [0.2, 0.3, 0.5, 0.45], 0.1) == 0.0
@@ -124,8 +117,7 @@ def _rows(arm, finals, mid=None):
     return rows
 
 
-def test_summary_reports_intervals_and_images_to_reach_the_generator_only_score():
-    bench = load_benchmark()
+def test_summary_reports_intervals_and_images_to_reach_the_generator_only_score(bench):
     rows = _rows("joint", [0.5, 0.6, 0.7]) + _rows("generator-only", [0.3, 0.3, 0.3], mid=[0.25] * 3)
     table = bench.summarise(rows)
     half = 4.3027 * 0.1 / 3**0.5 * 100  # t(2) quantile x sd / sqrt(3), in points
@@ -145,8 +137,7 @@ def test_summary_reports_intervals_and_images_to_reach_the_generator_only_score(
 
 
 @pytest.mark.slow
-def test_benchmark_runs_end_to_end_on_the_toy_models(tmp_path):
-    bench = load_benchmark()
+def test_benchmark_runs_end_to_end_on_the_toy_models(tmp_path, bench):
     out = tmp_path / "prl"
     code = bench.main(
         [

@@ -3,22 +3,14 @@ a hand count, and its bootstrap against an unpaired one."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "q_hawkeye_judge.py"
-
 
 @pytest.fixture(scope="module")
-def judge():
-    spec = importlib.util.spec_from_file_location("q_hawkeye_judge", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def judge(benchmark_module):
+    return benchmark_module("q_hawkeye_judge")
 
 
 def test_point_differences_by_hand(judge):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,12 @@ def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location(
-        "sample_efficiency", ROOT / "benchmarks" / "sample_efficiency.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def bench(benchmark_module):
+    return benchmark_module("sample_efficiency")
 
 
-def test_images_per_step_counts_branches():
-    bench = load_benchmark()
+def test_images_per_step_counts_branches(bench):
     args = bench.parse_args(["--model", "tiny:sd", "--budget", "100", "--set", "train.b2diffurl.branches=3"])
     for name, expected in (("grpo", 40), ("b2diffurl", 24), ("nft", 64)):
         config, per_step = bench.build_config(
@@ -37,10 +31,9 @@ def test_images_per_step_counts_branches():
     assert nft.model.lora is None and nft.train.loss == "nft" and nft.train.learning_rate == 1.0e-4
 
 
-def test_trains_on_balanced_rl_train_prompts_and_evaluates_rl_heldout():
+def test_trains_on_balanced_rl_train_prompts_and_evaluates_rl_heldout(bench):
     from genalign.toy.prompts import balanced_prompts, rl_heldout_prompts
 
-    bench = load_benchmark()
     args = bench.parse_args(["--model", "tiny:sd"])
     assert args.eval_split == "rl_heldout"
     prompts = bench.base_recipe(args)["prompts"]["prompts"]
@@ -48,8 +41,7 @@ def test_trains_on_balanced_rl_train_prompts_and_evaluates_rl_heldout():
     assert not set(prompts) & {p.caption for p in rl_heldout_prompts()}
 
 
-def test_summary_reports_mean_and_t_interval_over_seeds():
-    bench = load_benchmark()
+def test_summary_reports_mean_and_t_interval_over_seeds(bench):
     mean, half = bench.mean_ci([0.5, 0.6, 0.7])
     assert mean == pytest.approx(0.6) and half == pytest.approx(4.3027 * 0.1 / 3**0.5, rel=1e-3)
     rows = [
@@ -65,8 +57,7 @@ def test_summary_reports_mean_and_t_interval_over_seeds():
 
 
 @pytest.mark.slow
-def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path, capsys):
-    bench = load_benchmark()
+def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path, capsys, bench):
     out = tmp_path / "se"
     code = bench.main(
         [
@@ -113,8 +104,7 @@ def test_benchmark_runs_end_to_end_on_tiny_sd(tmp_path, capsys):
     assert "different model: 'tiny:sd' and 'tiny:sd3'" in capsys.readouterr().err
 
 
-def test_images_per_step_counts_previews_and_regenerations():
-    bench = load_benchmark()
+def test_images_per_step_counts_previews_and_regenerations(bench):
     args = bench.parse_args(["--model", "tiny:sd3", "--family", "flow", "--budget", "500"])
     assert [s["name"] for s in bench.load_methods(args)] == list(bench.FLOW_METHODS)
     prompts = bench.FLOW_PROMPTS
@@ -133,8 +123,7 @@ def test_images_per_step_counts_previews_and_regenerations():
 
 
 @pytest.mark.slow
-def test_benchmark_runs_the_flow_methods_on_tiny_sd3(tmp_path):
-    bench = load_benchmark()
+def test_benchmark_runs_the_flow_methods_on_tiny_sd3(tmp_path, bench):
     out = tmp_path / "se-flow"
     code = bench.main(
         [

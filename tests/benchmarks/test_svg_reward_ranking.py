@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,22 +10,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "svg_reward_ranking", ROOT / "benchmarks" / "svg_reward_ranking.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def bench(benchmark_module):
+    return benchmark_module("svg_reward_ranking")
 
 
 def _row(prompt, correct, score, length, category="colors"):
     return {"prompt": prompt, "category": category, "correct": correct, "score": score, "length": length}
 
 
-def test_summary_counts_mixed_groups_and_ranks_each_term_within_them():
-    bench = load_benchmark()
+def test_summary_counts_mixed_groups_and_ranks_each_term_within_them(bench):
     rows = [
         _row("a", True, 0.9, 0.1),
         _row("a", False, 0.2, 0.5),
@@ -47,12 +39,11 @@ def test_summary_counts_mixed_groups_and_ranks_each_term_within_them():
     assert "image" not in summary  # terms the rows lack are left out
 
 
-def test_runs_on_the_shipped_svg_writer(tmp_path, capsys):
+def test_runs_on_the_shipped_svg_writer(tmp_path, capsys, bench):
     pytest.importorskip("open_clip")
     writer = ROOT / "assets" / "models" / "toy-svg-writer"
     if not writer.is_dir():
         pytest.fail(f"{writer} is missing: the toy SVG writer ships with the repository")
-    bench = load_benchmark()
     out = tmp_path / "rows.json"
     assert bench.main(["--scenes", "6", "--group", "2", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "toy_reward_ranking.py"
 
 
 @pytest.fixture(scope="module")
-def ranking():
-    spec = importlib.util.spec_from_file_location("toy_reward_ranking", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def ranking(benchmark_module):
+    return benchmark_module("toy_reward_ranking")
 
 
 def test_auc_by_hand(ranking):
