@@ -66,13 +66,18 @@ def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tup
     return torch.cat(scores).numpy(), parsed_rate
 
 
+def above_degraded_credit(original: np.ndarray, degraded: np.ndarray) -> np.ndarray:
+    """Per image: 1 when the original scores above its degraded copy, a half for a tie, else 0."""
+    return metrics.preference_credit(original, degraded, np.zeros(len(original)), policy="skip-ties")
+
+
 def summary(original: np.ndarray, degraded: np.ndarray, mos: np.ndarray) -> dict[str, list[float]]:
     """``{name: [value, low, high]}`` for srcc, plcc and the original-above-degraded rate."""
     point = metrics.mos_correlations(original, mos, fit=False)
     intervals = metrics.bootstrap_intervals(
         lambda index: metrics.mos_correlations(original[index], mos[index], fit=False), len(mos)
     )
-    credit = metrics.preference_credit(original, degraded, np.zeros(len(mos)), policy="skip-ties")
+    credit = above_degraded_credit(original, degraded)
     out = {name: [point[name], *intervals[name]] for name in ("srcc", "plcc")}
     out["original_above_degraded"] = [float(np.nanmean(credit)), *metrics.mean_interval(credit)]
     return out
@@ -83,9 +88,7 @@ def paired_difference(
 ) -> dict[str, list[float]]:
     """``{name: [difference, low, high]}``: ours minus theirs for srcc, plcc and
     original-above-degraded, with percentile intervals from one paired bootstrap over the images."""
-    credits = [
-        metrics.preference_credit(o, d, np.zeros(len(mos)), policy="skip-ties") for o, d in (ours, theirs)
-    ]
+    credits = [above_degraded_credit(*judge) for judge in (ours, theirs)]
 
     def statistic(index: np.ndarray) -> dict[str, float]:
         a = metrics.mos_correlations(ours[0][index], mos[index], fit=False)
