@@ -36,6 +36,7 @@ DEGRADATIONS = {  # level 1..3 strength; level 0 is the clean image
     "noise": (0.04, 0.1, 0.2),  # Gaussian noise std on [0, 1] pixels
     "jpeg": (40, 15, 5),  # JPEG quality
 }
+_CLEAN_STRENGTH = {"blur": 0.0, "noise": 0.0, "jpeg": 100}  # level 0, for levels between 0 and 1
 
 
 def _to_pil(image: torch.Tensor) -> Image.Image:
@@ -43,22 +44,27 @@ def _to_pil(image: torch.Tensor) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def degrade(image: Image.Image, kind: str, level: int, rng: np.random.Generator) -> Image.Image:
-    """``image`` degraded by ``kind`` at ``level`` (0 = unchanged, 3 = strongest)."""
+def degrade(image: Image.Image, kind: str, level: float, rng: np.random.Generator) -> Image.Image:
+    """``image`` degraded by ``kind`` at ``level`` (0 = unchanged, 3 = strongest). A level between
+    two whole ones interpolates the strength linearly between theirs (level 0's: no blur, no noise,
+    JPEG quality 100); whole levels give exactly the tabled strengths."""
+    if not 0 <= level <= 3:
+        raise ValueError(f"degradation level must be in [0, 3], got {level}")
+    if kind not in DEGRADATIONS:
+        raise ValueError(f"unknown degradation {kind!r}; known: {sorted(DEGRADATIONS)}")
     if level == 0:
         return image.copy()
-    strength = DEGRADATIONS[kind][level - 1]
+    anchors = (_CLEAN_STRENGTH[kind], *DEGRADATIONS[kind])
+    strength = float(np.interp(level, range(len(anchors)), anchors))
     if kind == "blur":
         return image.filter(ImageFilter.GaussianBlur(radius=strength))
     if kind == "noise":
         pixels = np.asarray(image, dtype=np.float32) / 255.0
         noisy = np.clip(pixels + rng.normal(0.0, strength, pixels.shape), 0, 1)
         return Image.fromarray((noisy * 255).round().astype(np.uint8))
-    if kind == "jpeg":
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=int(strength))
-        return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-    raise ValueError(f"unknown degradation {kind!r}; known: {sorted(DEGRADATIONS)}")
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=int(round(strength)))
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
 def build_preference_pairs(

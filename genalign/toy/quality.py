@@ -3,7 +3,8 @@
 Scenes of a prompt split (``train``: what toy-vlm was trained on; ``heldout``: captions it never
 saw, :mod:`genalign.toy.prompts`) are rendered at 64 px and degraded by blur, noise or JPEG at
 levels 0-3 exactly as ``assets/eval/quality/mos.jsonl`` is (:func:`genalign.toy.eval_data.degrade`),
-with ``mos = 5 - level``. Three uses:
+with ``mos = 5 - level``; or, with ``levels="continuous"``, at real-valued levels in [0, 3], so the MOS
+is a real number as a mean opinion score is. Three uses:
 
 * :func:`toy_quality_pool` is a recipe's prompt source: the judge's pool
   (:func:`~genalign.trainers.quality_pool.quality_pool_of`: images, degraded copies, MOS) and, with
@@ -49,14 +50,22 @@ LEVEL_WORDS = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}  # Q-A
 TOY_QUESTION = "How would you rate the quality of this image?"
 TOY_THINK = "The quality of the image is"
 LEVELS = 4  # levels 0 (clean) .. 3 of genalign.toy.eval_data.DEGRADATIONS
+LEVEL_MODES = ("whole", "continuous")
 
 
 def quality_renders(
-    split: str = "train", scenes: int = 24, seed: int = 0, size: int = 64
+    split: str = "train", scenes: int = 24, seed: int = 0, size: int = 64, levels: str = "whole"
 ) -> tuple[torch.Tensor, list[float], list[dict[str, Any]]]:
     """``(images [N, 3, size, size], mos [N], records)``: ``scenes`` scenes of distinct ``split``
-    prompts, each degraded by every kind at every level (N = scenes x 3 x 4), deterministic in
-    ``seed``. Records hold ``prompt``, ``category`` (the degradation), ``level`` and ``scene``."""
+    prompts, each degraded by every kind at four levels (N = scenes x 3 x 4), deterministic in
+    ``seed``; ``mos = 5 - level``. ``levels``: ``"whole"``, the levels 0, 1, 2, 3 (whole-number MOS,
+    as ``assets/eval/quality``); ``"continuous"``, one level drawn uniformly from each quarter of
+    [0, 3] (``0.75 * (i + u)``, ``u ~ U(0, 1)``, rounded to 0.01), so the MOS is a real number, as the
+    mean of many ratings is in KonIQ or SPAQ, and a judge is paid for telling strengths apart within
+    a whole level. Records hold ``prompt``, ``category`` (the degradation), ``level``, ``index``
+    (0-3, the quarter) and ``scene``."""
+    if levels not in LEVEL_MODES:
+        raise ValueError(f"levels must be one of {LEVEL_MODES}, got {levels!r}")
     from genalign.toy.eval_data import DEGRADATIONS, _to_pil, degrade
     from genalign.toy.prompts import prompts_for, scene_for_spec
     from genalign.toy.scenes import render_scenes
@@ -71,11 +80,14 @@ def quality_renders(
     for scene, (prompt, image) in enumerate(zip(chosen, clean)):
         base = _to_pil(image)
         for kind in sorted(DEGRADATIONS):
-            for level in range(LEVELS):
+            for index in range(LEVELS):
+                level = index if levels == "whole" else round(0.75 * (index + rng.uniform()), 2)
                 pixels = np.asarray(degrade(base, kind, level, rng), dtype=np.float32) / 255.0
                 images.append(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
-                mos.append(float(5 - level))
-                records.append({"prompt": prompt.caption, "category": kind, "level": level, "scene": scene})
+                mos.append(round(5.0 - level, 2))
+                records.append(
+                    {"prompt": prompt.caption, "category": kind, "level": level, "index": index, "scene": scene}
+                )
     return torch.stack(images), mos, records
 
 
@@ -130,6 +142,7 @@ def toy_quality_pool(
     teacher_samples: int = 0,
     teacher_answer: str = "expected",
     mos_targets: bool = False,
+    levels: str = "whole",
 ) -> PromptPool:
     """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
     ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
@@ -137,13 +150,14 @@ def toy_quality_pool(
     with ``samples=teacher_samples``, ``answer=teacher_answer``; N > 0 samples repeat each image
     N times, one target each); with ``mos_targets``, one SFT target per image written from its MOS
     label instead (``<think>The quality of the image is WORD</think><answer>M.00</answer>``, ``WORD``
-    the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline."""
+    the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline.
+    ``levels``: whole or continuous degradation levels (:func:`quality_renders`)."""
     if mos_targets and teacher is not None:
         raise ValueError("give either teacher (the teacher's ratings as targets) or mos_targets, not both")
-    images, mos, records = quality_renders(split, scenes, seed)
+    images, mos, records = quality_renders(split, scenes, seed, levels=levels)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
     if mos_targets:
-        columns["completions"] = [answer_target(LEVEL_WORDS[int(m)], m) for m in mos]
+        columns["completions"] = [answer_target(LEVEL_WORDS[int(round(m))], m) for m in mos]
     if teacher is not None:
         targets = judge_answers(images, teacher, samples=teacher_samples, answer=teacher_answer, seed=seed)
         copies = len(targets[0])
@@ -164,16 +178,21 @@ def _save_png(image: torch.Tensor, path: Path) -> None:
 
 
 def write_quality_set(
-    out: str | Path, split: str = "heldout", scenes: int = 24, seed: int = 1, degradation_seed: int = 0
+    out: str | Path,
+    split: str = "heldout",
+    scenes: int = 24,
+    seed: int = 1,
+    degradation_seed: int = 0,
+    levels: str = "whole",
 ) -> tuple[Path, Path]:
     """Write ``images/``, ``mos.jsonl`` and ``pairs.jsonl`` (module docstring) under ``out``;
-    returns the two JSONL paths."""
+    returns the two JSONL paths. ``levels``: :func:`quality_renders`."""
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    images, mos, records = quality_renders(split, scenes, seed)
+    images, mos, records = quality_renders(split, scenes, seed, levels=levels)
     mos_rows, pair_rows = [], []
     for index, (image, score, record) in enumerate(zip(images, mos, records)):
-        stem = f"images/scene{record['scene']}_{record['category']}{record['level']}"
+        stem = f"images/scene{record['scene']}_{record['category']}{record['index']}"
         _save_png(image, out / f"{stem}.png")
         copy, first, second = degradation_pair(image, degradation_seed + index)
         _save_png(copy, out / f"{stem}_degraded.png")
@@ -207,8 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenes", type=int, default=24, help="scenes (12 images each)")
     parser.add_argument("--seed", type=int, default=1, help="scene and degradation-level seed")
     parser.add_argument("--degradation-seed", type=int, default=0, help="seed of the degraded copies")
+    parser.add_argument(
+        "--levels", default="whole", choices=LEVEL_MODES, help="whole-number or real-valued degradation levels (MOS)"
+    )
     args = parser.parse_args(argv)
-    paths = write_quality_set(args.out, args.split, args.scenes, args.seed, args.degradation_seed)
+    paths = write_quality_set(args.out, args.split, args.scenes, args.seed, args.degradation_seed, args.levels)
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import ImageFilter
 
 from genalign.algorithms import format_reward, parse_answer_score
 from genalign.rewards import load_reward
@@ -45,6 +46,63 @@ def test_renders_cover_every_kind_and_level_and_repeat_with_the_seed():
     assert records != quality_renders("heldout", scenes=2, seed=4)[2]
     with pytest.raises(ValueError, match="scenes must be in"):
         quality_renders("heldout", scenes=10_000)
+
+
+def test_degrade_interpolates_between_whole_levels_and_keeps_the_tabled_ones():
+    from PIL import Image
+
+    from genalign.toy.eval_data import DEGRADATIONS, degrade
+
+    base = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    direct = {  # the tabled strengths, applied by hand
+        "blur": base.filter(ImageFilter.GaussianBlur(radius=DEGRADATIONS["blur"][1])),
+        "jpeg": jpeg(base, DEGRADATIONS["jpeg"][1]),
+    }
+    for kind, expected in direct.items():
+        assert np.array_equal(np.asarray(degrade(base, kind, 2, np.random.default_rng(0))), np.asarray(expected))
+    # level 1.5 is the strength halfway between levels 1 and 2: blur radius 1.2, JPEG quality 27.5 -> 28
+    halfway = degrade(base, "blur", 1.5, np.random.default_rng(0))
+    assert np.array_equal(np.asarray(halfway), np.asarray(base.filter(ImageFilter.GaussianBlur(radius=1.2))))
+    assert np.array_equal(np.asarray(degrade(base, "jpeg", 1.5, np.random.default_rng(0))), np.asarray(jpeg(base, 28)))
+    # below level 1 the strength runs from level 0's (none; JPEG quality 100) to level 1's
+    assert np.array_equal(np.asarray(degrade(base, "jpeg", 0.5, np.random.default_rng(0))), np.asarray(jpeg(base, 70)))
+    noise = [
+        np.abs(np.asarray(degrade(base, "noise", level, np.random.default_rng(1)), np.float32) - np.asarray(base)).mean()
+        for level in (0, 0.4, 1, 1.7, 2.5, 3)
+    ]
+    assert noise[0] == 0 and all(a < b for a, b in zip(noise, noise[1:]))
+    for bad in (-0.1, 3.2):
+        with pytest.raises(ValueError, match="level must be in"):
+            degrade(base, "blur", bad, np.random.default_rng(0))
+
+
+def test_continuous_levels_give_one_real_valued_mos_per_quarter():
+    images, mos, records = quality_renders("heldout", scenes=2, seed=3, levels="continuous")
+    assert images.shape == (24, 3, 64, 64)
+    assert mos == [round(5.0 - r["level"], 2) for r in records]
+    for r in records:  # one level from each quarter of [0, 3]
+        assert 0.75 * r["index"] <= r["level"] <= 0.75 * (r["index"] + 1)
+    assert len(set(mos)) > 20  # real numbers, not four whole ones
+    whole_images, whole_mos, whole_records = quality_renders("heldout", scenes=2, seed=3)
+    assert [r["prompt"] for r in records] == [r["prompt"] for r in whole_records]  # the same scenes
+    assert whole_mos == [5.0 - r["index"] for r in whole_records]
+    again = quality_renders("heldout", scenes=2, seed=3, levels="continuous")
+    assert torch.equal(images, again[0]) and mos == again[1]
+    pool = toy_quality_pool("train", scenes=1, levels="continuous", mos_targets=True)
+    assert pool.metadata["mos"].tolist() == pytest.approx(quality_renders("train", 1, levels="continuous")[1])
+    assert all(c.endswith(f"<answer>{m:.2f}</answer>") for c, m in zip(pool.metadata["completions"], pool.metadata["mos"]))
+    with pytest.raises(ValueError, match="levels must be one of"):
+        quality_renders("heldout", scenes=1, levels="fine")
+
+
+def jpeg(image, quality):
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=int(quality))
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
 def test_the_pool_keeps_degraded_copies_and_mos():
@@ -135,3 +193,14 @@ def test_the_held_out_files_give_eval_reward_the_original_above_degraded_rate(tm
     higher = [brightness(row["image_0"]) > brightness(row["image_1"]) for row in rows]
     metrics = summary["rewards"][RewardSpec("brightness").key]["metrics"]
     assert metrics["accuracy_skip_ties"]["value"] == pytest.approx(np.mean(higher), abs=1e-6)
+
+
+def test_the_command_writes_a_continuous_set_named_by_quarter(tmp_path, capsys):
+    from genalign.toy.quality import main
+
+    assert main(["--out", str(tmp_path), "--scenes", "1", "--levels", "continuous"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "mos.jsonl").read_text().splitlines()]
+    assert [row["image"] for row in rows[:4]] == [f"images/scene0_blur{i}.png" for i in range(4)]
+    assert [row["mos"] for row in rows] == quality_renders("heldout", 1, seed=1, levels="continuous")[1]
+    assert all((tmp_path / row["image"]).exists() for row in rows)
+    assert "wrote" in capsys.readouterr().out
