@@ -4,7 +4,11 @@ The numbers ``genalign eval-reward`` gives with ``--task mos`` (SRCC, raw PLCC) 
 preference --tie-threshold 0`` (skip-ties accuracy: the original scored above its Q-Hawkeye degraded
 copy, a tie counting a half) on the files of ``python -m genalign.toy.quality`` (docs/language.md,
 section 7), in one process: ``pairs.jsonl``'s originals are ``mos.jsonl``'s images, so each image is
-scored once. Also the fraction of completions whose ``<answer>`` parses (answer judges). 95%
+scored once. Also the fraction of completions whose ``<answer>`` parses (answer judges), on the
+originals (``parsed``) and on the degraded copies (``parsed_degraded``), and the original-above-
+degraded rate over the pairs where both answers parse (``original_above_degraded_answered``): an
+unparsed answer scores the reward's floor (1), so a judge whose text breaks down on a badly
+degraded copy would otherwise be credited for it. 95%
 percentile bootstrap intervals, 1000 resamples, seed 0, as eval-reward::
 
     python -m genalign.toy.quality --split heldout --scenes 24 --out runs/toy-quality-heldout
@@ -53,8 +57,9 @@ def load_set(folder: Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     return originals, degraded, np.array([r["mos"] for r in rows], dtype=float)
 
 
-def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, float]:
-    """Scores ``[N]`` and the parsed fraction (NaN for a Q-Align judge)."""
+def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores ``[N]`` and per image the fraction of its completions that parse (``[N]``; all NaN
+    for a Q-Align judge, which always answers). An unparsed answer scores the reward's floor."""
     scores, parsed = [], []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
@@ -62,8 +67,9 @@ def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tup
             scores.append(out.scores.float().cpu())
             if "answer_parsed" in out.details:
                 parsed.append(out.details["answer_parsed"].float().cpu())
-    parsed_rate = float(torch.cat(parsed).mean()) if parsed else float("nan")
-    return torch.cat(scores).numpy(), parsed_rate
+    scores_array = torch.cat(scores).numpy()
+    parsed_array = torch.cat(parsed).numpy() if parsed else np.full(len(scores_array), np.nan)
+    return scores_array, parsed_array
 
 
 def above_degraded_credit(original: np.ndarray, degraded: np.ndarray) -> np.ndarray:
@@ -71,8 +77,13 @@ def above_degraded_credit(original: np.ndarray, degraded: np.ndarray) -> np.ndar
     return metrics.preference_credit(original, degraded, np.zeros(len(original)), policy="skip-ties")
 
 
-def summary(original: np.ndarray, degraded: np.ndarray, mos: np.ndarray) -> dict[str, list[float]]:
-    """``{name: [value, low, high]}`` for srcc, plcc and the original-above-degraded rate."""
+def summary(
+    original: np.ndarray, degraded: np.ndarray, mos: np.ndarray, answered: np.ndarray | None = None
+) -> dict[str, list[float]]:
+    """``{name: [value, low, high]}`` for srcc, plcc and the original-above-degraded rate; with
+    ``answered`` (per image: both the original's and the copy's answers parse) also that rate over
+    the answered pairs only, ``original_above_degraded_answered``: an answer judge whose text breaks
+    down on a degraded copy scores the floor there, which the plain rate counts as a win."""
     point = metrics.mos_correlations(original, mos, fit=False)
     intervals = metrics.bootstrap_intervals(
         lambda index: metrics.mos_correlations(original[index], mos[index], fit=False), len(mos)
@@ -80,6 +91,9 @@ def summary(original: np.ndarray, degraded: np.ndarray, mos: np.ndarray) -> dict
     credit = above_degraded_credit(original, degraded)
     out = {name: [point[name], *intervals[name]] for name in ("srcc", "plcc")}
     out["original_above_degraded"] = [float(np.nanmean(credit)), *metrics.mean_interval(credit)]
+    if answered is not None:
+        kept = credit[answered]
+        out["original_above_degraded_answered"] = [float(np.mean(kept)), *metrics.mean_interval(kept)]
     return out
 
 
@@ -128,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
             {"num_samples": samples, "seed": 0, "sample_temperature": args.temperature} if samples else {}
         )
         reward = load_reward("iqa", model=args.model, batch_size=args.batch_size, **options).eval()
-        s_original, parsed = score(reward, originals, args.batch_size)
-        s_degraded, _ = score(reward, degraded, args.batch_size)
+        s_original, p_original = score(reward, originals, args.batch_size)
+        s_degraded, p_degraded = score(reward, degraded, args.batch_size)
+        answered = (p_original > 0) & (p_degraded > 0) if answer else None
         row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
-        row.update(summary(s_original, s_degraded, mos), parsed=parsed, seconds=time.perf_counter() - start)
+        row.update(summary(s_original, s_degraded, mos, answered))
+        parsed, parsed_degraded = float(np.mean(p_original)), float(np.mean(p_degraded))
+        row.update(parsed=parsed, parsed_degraded=parsed_degraded, seconds=time.perf_counter() - start)
         if baseline is not None:
             row["baseline"] = args.baseline
             difference = paired_difference((s_original, s_degraded), baseline, mos)
@@ -139,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.log, "a", encoding="utf-8") as log:
             log.write(json.dumps(row) + "\n")
         cells = [f"{k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in row.items() if isinstance(v, list)]
-        print(f"{row['judge']} samples={samples}: " + "; ".join(cells) + f"; parsed {parsed:.2f}", flush=True)
+        parsing = f"; parsed {parsed:.2f}, degraded copies {parsed_degraded:.2f}"
+        print(f"{row['judge']} samples={samples}: " + "; ".join(cells) + parsing, flush=True)
     return 0
 
 

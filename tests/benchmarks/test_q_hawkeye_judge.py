@@ -45,3 +45,16 @@ def test_the_paired_interval_cancels_what_both_judges_share(judge):
     assert high - low < 0.5 * unpaired_width
     same = judge.paired_difference((ours, degraded), (ours, degraded), mos)
     assert all(v == pytest.approx(0.0) and lo == pytest.approx(0.0) == hi for v, lo, hi in same.values())
+
+
+def test_the_answered_rate_leaves_out_pairs_whose_answer_did_not_parse(judge):
+    """A degraded copy whose answer does not parse scores the floor (1): the plain rate credits the
+    original for it, the answered rate leaves the pair out."""
+    mos = np.array([5.0, 4.0, 3.0, 2.0])
+    original = np.array([5.0, 4.0, 3.0, 2.0])
+    degraded = np.array([1.0, 1.0, 3.0, 1.0])  # copies 0 and 1 did not parse (floor); 2 ties; 3 is right
+    answered = np.array([False, False, True, True])
+    out = judge.summary(original, degraded, mos, answered)
+    assert out["original_above_degraded"][0] == pytest.approx(3.5 / 4)
+    assert out["original_above_degraded_answered"][0] == pytest.approx(1.5 / 2)
+    assert "original_above_degraded_answered" not in judge.summary(original, degraded, mos)
