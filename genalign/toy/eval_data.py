@@ -31,10 +31,12 @@ logger = logging.getLogger(__name__)
 IMAGE_SIZE = 64
 PAIRS_PER_CATEGORY = 8
 QUALITY_SCENES = 6
-DEGRADATIONS = {  # level 1..3 strength; level 0 is the clean image
-    "blur": (0.8, 1.6, 3.0),  # Gaussian blur radius in pixels
-    "noise": (0.04, 0.1, 0.2),  # Gaussian noise std on [0, 1] pixels
-    "jpeg": (40, 15, 5),  # JPEG quality
+# level 1..4 strength; level 0 is the clean image. assets/eval/quality uses levels 0-3; level 4
+# (MOS 1, the bottom of Q-Align's five levels) is for genalign.toy.quality's num_levels=5.
+DEGRADATIONS = {
+    "blur": (0.8, 1.6, 3.0, 5.0),  # Gaussian blur radius in pixels
+    "noise": (0.04, 0.1, 0.2, 0.35),  # Gaussian noise std on [0, 1] pixels
+    "jpeg": (40, 15, 5, 2),  # JPEG quality
 }
 _CLEAN_STRENGTH = {"blur": 0.0, "noise": 0.0, "jpeg": 100}  # level 0, for levels between 0 and 1
 
@@ -45,13 +47,13 @@ def _to_pil(image: torch.Tensor) -> Image.Image:
 
 
 def degrade(image: Image.Image, kind: str, level: float, rng: np.random.Generator) -> Image.Image:
-    """``image`` degraded by ``kind`` at ``level`` (0 = unchanged, 3 = strongest). A level between
+    """``image`` degraded by ``kind`` at ``level`` (0 = unchanged, 4 = strongest). A level between
     two whole ones interpolates the strength linearly between theirs (level 0's: no blur, no noise,
     JPEG quality 100); whole levels give exactly the tabled strengths."""
-    if not 0 <= level <= 3:
-        raise ValueError(f"degradation level must be in [0, 3], got {level}")
     if kind not in DEGRADATIONS:
         raise ValueError(f"unknown degradation {kind!r}; known: {sorted(DEGRADATIONS)}")
+    if not 0 <= level <= len(DEGRADATIONS[kind]):
+        raise ValueError(f"degradation level must be in [0, {len(DEGRADATIONS[kind])}], got {level}")
     if level == 0:
         return image.copy()
     anchors = (_CLEAN_STRENGTH[kind], *DEGRADATIONS[kind])

@@ -49,23 +49,32 @@ LEVEL_WORDS = {5: "excellent", 4: "good", 3: "fair", 2: "poor", 1: "bad"}  # Q-A
 # toy-vlm's own Q-Align question and answer prefix: its image-to-rating mapping lives after them
 TOY_QUESTION = "How would you rate the quality of this image?"
 TOY_THINK = "The quality of the image is"
-LEVELS = 4  # levels 0 (clean) .. 3 of genalign.toy.eval_data.DEGRADATIONS
+LEVELS = 4  # default: levels 0 (clean) .. 3 of genalign.toy.eval_data.DEGRADATIONS (MOS 5 .. 2)
 LEVEL_MODES = ("whole", "continuous")
 
 
 def quality_renders(
-    split: str = "train", scenes: int = 24, seed: int = 0, size: int = 64, levels: str = "whole"
+    split: str = "train",
+    scenes: int = 24,
+    seed: int = 0,
+    size: int = 64,
+    levels: str = "whole",
+    num_levels: int = LEVELS,
 ) -> tuple[torch.Tensor, list[float], list[dict[str, Any]]]:
     """``(images [N, 3, size, size], mos [N], records)``: ``scenes`` scenes of distinct ``split``
-    prompts, each degraded by every kind at four levels (N = scenes x 3 x 4), deterministic in
-    ``seed``; ``mos = 5 - level``. ``levels``: ``"whole"``, the levels 0, 1, 2, 3 (whole-number MOS,
-    as ``assets/eval/quality``); ``"continuous"``, one level drawn uniformly from each quarter of
-    [0, 3] (``0.75 * (i + u)``, ``u ~ U(0, 1)``, rounded to 0.01), so the MOS is a real number, as the
-    mean of many ratings is in KonIQ or SPAQ, and a judge is paid for telling strengths apart within
-    a whole level. Records hold ``prompt``, ``category`` (the degradation), ``level``, ``index``
-    (0-3, the quarter) and ``scene``."""
+    prompts, each degraded by every kind at ``num_levels`` levels (N = scenes x 3 x num_levels),
+    deterministic in ``seed``; ``mos = 5 - level``. ``num_levels`` 4 (the default) spans levels 0-3,
+    MOS 5 to 2, as ``assets/eval/quality``; 5 adds level 4, MOS 1, the bottom of Q-Align's scale.
+    ``levels``: ``"whole"``, the whole levels (whole-number MOS); ``"continuous"``, one level drawn
+    uniformly from each of ``num_levels`` equal parts of [0, num_levels - 1] (``(i + u) * (num_levels
+    - 1) / num_levels``, ``u ~ U(0, 1)``, rounded to 0.01), so the MOS is a real number, as the mean
+    of many ratings is in KonIQ or SPAQ, and a judge is paid for telling strengths apart within a
+    whole level. Records hold ``prompt``, ``category`` (the degradation), ``level``, ``index`` (the
+    whole level, or the part) and ``scene``."""
     if levels not in LEVEL_MODES:
         raise ValueError(f"levels must be one of {LEVEL_MODES}, got {levels!r}")
+    if num_levels not in (4, 5):
+        raise ValueError(f"num_levels must be 4 (levels 0-3) or 5 (levels 0-4), got {num_levels!r}")
     from genalign.toy.eval_data import DEGRADATIONS, _to_pil, degrade
     from genalign.toy.prompts import prompts_for, scene_for_spec
     from genalign.toy.scenes import render_scenes
@@ -80,8 +89,9 @@ def quality_renders(
     for scene, (prompt, image) in enumerate(zip(chosen, clean)):
         base = _to_pil(image)
         for kind in sorted(DEGRADATIONS):
-            for index in range(LEVELS):
-                level = index if levels == "whole" else round(0.75 * (index + rng.uniform()), 2)
+            for index in range(num_levels):
+                part = (num_levels - 1) / num_levels
+                level = index if levels == "whole" else round(part * (index + rng.uniform()), 2)
                 pixels = np.asarray(degrade(base, kind, level, rng), dtype=np.float32) / 255.0
                 images.append(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
                 mos.append(round(5.0 - level, 2))
@@ -143,6 +153,8 @@ def toy_quality_pool(
     teacher_answer: str = "expected",
     mos_targets: bool = False,
     levels: str = "whole",
+    teacher_copies: bool = False,
+    num_levels: int = LEVELS,
 ) -> PromptPool:
     """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
     ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
@@ -151,11 +163,23 @@ def toy_quality_pool(
     N times, one target each); with ``mos_targets``, one SFT target per image written from its MOS
     label instead (``<think>The quality of the image is WORD</think><answer>M.00</answer>``, ``WORD``
     the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline.
-    ``levels``: whole or continuous degradation levels (:func:`quality_renders`)."""
+    ``levels``, ``num_levels``: the degradation levels (:func:`quality_renders`). With
+    ``teacher_copies`` (a warm start only) each render's Q-Hawkeye degraded copy
+    (:func:`~genalign.utils.degradations.degradation_pair`, seeded as the pool seeds it) joins the
+    images with the teacher's targets too, category ``copy``: the copies are what the perception
+    loss and the original-above-degraded rate show the judge, and a judge whose warm start never
+    saw one may not answer in the format there. They carry no MOS (NaN): not for an RL pool."""
     if mos_targets and teacher is not None:
         raise ValueError("give either teacher (the teacher's ratings as targets) or mos_targets, not both")
-    images, mos, records = quality_renders(split, scenes, seed, levels=levels)
+    if teacher_copies and teacher is None:
+        raise ValueError("teacher_copies needs a teacher: the copies have no MOS, only the teacher's ratings")
+    images, mos, records = quality_renders(split, scenes, seed, levels=levels, num_levels=num_levels)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
+    if teacher_copies:
+        copies = [degradation_pair(image, degradation_seed + i, tuple(kinds))[0] for i, image in enumerate(images)]
+        images = torch.cat([images, torch.stack(copies)])
+        mos = mos + [float("nan")] * len(copies)
+        columns["category"] += ["copy"] * len(copies)
     if mos_targets:
         columns["completions"] = [answer_target(LEVEL_WORDS[int(round(m))], m) for m in mos]
     if teacher is not None:
@@ -184,12 +208,13 @@ def write_quality_set(
     seed: int = 1,
     degradation_seed: int = 0,
     levels: str = "whole",
+    num_levels: int = LEVELS,
 ) -> tuple[Path, Path]:
     """Write ``images/``, ``mos.jsonl`` and ``pairs.jsonl`` (module docstring) under ``out``;
-    returns the two JSONL paths. ``levels``: :func:`quality_renders`."""
+    returns the two JSONL paths. ``levels``, ``num_levels``: :func:`quality_renders`."""
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    images, mos, records = quality_renders(split, scenes, seed, levels=levels)
+    images, mos, records = quality_renders(split, scenes, seed, levels=levels, num_levels=num_levels)
     mos_rows, pair_rows = [], []
     for index, (image, score, record) in enumerate(zip(images, mos, records)):
         stem = f"images/scene{record['scene']}_{record['category']}{record['index']}"
@@ -229,8 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--levels", default="whole", choices=LEVEL_MODES, help="whole-number or real-valued degradation levels (MOS)"
     )
+    parser.add_argument(
+        "--num-levels", type=int, default=LEVELS, choices=[4, 5], help="4: MOS 5 to 2; 5: down to MOS 1"
+    )
     args = parser.parse_args(argv)
-    paths = write_quality_set(args.out, args.split, args.scenes, args.seed, args.degradation_seed, args.levels)
+    paths = write_quality_set(
+        args.out, args.split, args.scenes, args.seed, args.degradation_seed, args.levels, args.num_levels
+    )
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 

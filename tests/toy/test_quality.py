@@ -71,7 +71,8 @@ def test_degrade_interpolates_between_whole_levels_and_keeps_the_tabled_ones():
         for level in (0, 0.4, 1, 1.7, 2.5, 3)
     ]
     assert noise[0] == 0 and all(a < b for a, b in zip(noise, noise[1:]))
-    for bad in (-0.1, 3.2):
+    assert np.array_equal(np.asarray(degrade(base, "jpeg", 4, np.random.default_rng(0))), np.asarray(jpeg(base, 2)))
+    for bad in (-0.1, 4.2):
         with pytest.raises(ValueError, match="level must be in"):
             degrade(base, "blur", bad, np.random.default_rng(0))
 
@@ -93,6 +94,22 @@ def test_continuous_levels_give_one_real_valued_mos_per_quarter():
     assert all(c.endswith(f"<answer>{m:.2f}</answer>") for c, m in zip(pool.metadata["completions"], pool.metadata["mos"]))
     with pytest.raises(ValueError, match="levels must be one of"):
         quality_renders("heldout", scenes=1, levels="fine")
+
+
+def test_five_levels_reach_mos_1_and_keep_the_four_level_scenes():
+    images, mos, records = quality_renders("heldout", scenes=2, seed=3, num_levels=5)
+    assert images.shape == (30, 3, 64, 64)
+    assert sorted(set(mos)) == [1.0, 2.0, 3.0, 4.0, 5.0] and mos == [5.0 - r["level"] for r in records]
+    four = quality_renders("heldout", scenes=2, seed=3)[2]
+    assert [r["prompt"] for r in records[::15]] == [r["prompt"] for r in four[::12]]
+    worst = [i for i, r in enumerate(records) if r["level"] == 4]
+    assert all(not torch.equal(images[i], images[i - 1]) for i in worst)  # level 4 is not level 3
+    _, fine, fine_records = quality_renders("heldout", scenes=1, seed=3, levels="continuous", num_levels=5)
+    for r in fine_records:  # one level from each fifth of [0, 4]
+        assert 0.8 * r["index"] <= r["level"] <= 0.8 * (r["index"] + 1)
+    assert min(fine) < 2 and len(toy_quality_pool("train", scenes=1, num_levels=5)) == 15
+    with pytest.raises(ValueError, match="num_levels must be 4"):
+        quality_renders("heldout", scenes=1, num_levels=6)
 
 
 def jpeg(image, quality):
@@ -204,3 +221,20 @@ def test_the_command_writes_a_continuous_set_named_by_quarter(tmp_path, capsys):
     assert [row["mos"] for row in rows] == quality_renders("heldout", 1, seed=1, levels="continuous")[1]
     assert all((tmp_path / row["image"]).exists() for row in rows)
     assert "wrote" in capsys.readouterr().out
+
+
+def test_teacher_copies_add_each_renders_degraded_copy_with_the_teachers_target():
+    pool = toy_quality_pool("train", scenes=1, seed=0, degradation_seed=5, teacher=str(TOY_VLM), teacher_copies=True)
+    plain = toy_quality_pool("train", scenes=1, seed=0, degradation_seed=5)
+    images = pool.metadata["images"]
+    assert len(pool) == 24 and torch.equal(images[:12], plain.metadata["images"])
+    for index in (0, 7):  # the copies are the ones the plain pool pairs with each render
+        torch.testing.assert_close(images[12 + index], plain.metadata["degraded_images"][index])
+    assert pool.metadata["category"][12:] == ["copy"] * 12
+    mos = pool.metadata["mos"]
+    assert torch.equal(mos[:12], plain.metadata["mos"]) and torch.isnan(mos[12:]).all()
+    teacher = load_reward("iqa", model=str(TOY_VLM), preset="qalign")(images[12:14], None).scores
+    for answer, score in zip(pool.metadata["completions"][12:14], teacher.tolist()):
+        assert format_reward(answer) == 0.8 and parse_answer_score(answer) == pytest.approx(score, abs=0.006)
+    with pytest.raises(ValueError, match="teacher_copies needs a teacher"):
+        toy_quality_pool("train", scenes=1, teacher_copies=True)
