@@ -165,7 +165,8 @@ def toy_quality_pool(
     the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline.
     ``levels``, ``num_levels``: the degradation levels (:func:`quality_renders`). With
     ``teacher_copies`` (a warm start only) each render's Q-Hawkeye degraded copy
-    (:func:`~genalign.utils.degradations.degradation_pair`, seeded as the pool seeds it) joins the
+    (:func:`~genalign.utils.degradations.degradation_pair` with ``degradation_seed + index``, as a
+    pool without a teacher pairs each render, and as :func:`write_quality_set` does) joins the
     images with the teacher's targets too, category ``copy``: the copies are what the perception
     loss and the original-above-degraded rate show the judge, and a judge whose warm start never
     saw one may not answer in the format there. They carry no MOS (NaN): not for an RL pool."""
@@ -248,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write a toy image-quality set for genalign eval-reward.")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"])
-    parser.add_argument("--scenes", type=int, default=24, help="scenes (12 images each)")
+    parser.add_argument("--scenes", type=int, default=24, help="scenes (3 x num-levels images each)")
     parser.add_argument("--seed", type=int, default=1, help="scene and degradation-level seed")
     parser.add_argument("--degradation-seed", type=int, default=0, help="seed of the degraded copies")
     parser.add_argument(
