@@ -86,17 +86,23 @@ def quality_renders(
     chosen = [prompts[int(i)] for i in rng.choice(len(prompts), size=scenes, replace=False)]
     clean = render_scenes([scene_for_spec(p, rng) for p in chosen], size=size)
     images, mos, records = [], [], []
+    part = (num_levels - 1) / num_levels  # the width of each continuous level's part of [0, num_levels - 1]
     for scene, (prompt, image) in enumerate(zip(chosen, clean)):
         base = _to_pil(image)
         for kind in sorted(DEGRADATIONS):
             for index in range(num_levels):
-                part = (num_levels - 1) / num_levels
                 level = index if levels == "whole" else round(part * (index + rng.uniform()), 2)
                 pixels = np.asarray(degrade(base, kind, level, rng), dtype=np.float32) / 255.0
                 images.append(torch.from_numpy(pixels).permute(2, 0, 1).contiguous())
                 mos.append(round(5.0 - level, 2))
                 records.append(
-                    {"prompt": prompt.caption, "category": kind, "level": level, "index": index, "scene": scene}
+                    {
+                        "prompt": prompt.caption,
+                        "category": kind,
+                        "level": level,
+                        "index": index,
+                        "scene": scene,
+                    }
                 )
     return torch.stack(images), mos, records
 
@@ -177,7 +183,9 @@ def toy_quality_pool(
     images, mos, records = quality_renders(split, scenes, seed, levels=levels, num_levels=num_levels)
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
     if teacher_copies:
-        copies = [degradation_pair(image, degradation_seed + i, tuple(kinds))[0] for i, image in enumerate(images)]
+        copies = [
+            degradation_pair(image, degradation_seed + i, tuple(kinds))[0] for i, image in enumerate(images)
+        ]
         images = torch.cat([images, torch.stack(copies)])
         mos = mos + [float("nan")] * len(copies)
         columns["category"] += ["copy"] * len(copies)
@@ -253,7 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="scene and degradation-level seed")
     parser.add_argument("--degradation-seed", type=int, default=0, help="seed of the degraded copies")
     parser.add_argument(
-        "--levels", default="whole", choices=LEVEL_MODES, help="whole-number or real-valued degradation levels (MOS)"
+        "--levels",
+        default="whole",
+        choices=LEVEL_MODES,
+        help="whole-number or real-valued degradation levels (MOS)",
     )
     parser.add_argument(
         "--num-levels", type=int, default=LEVELS, choices=[4, 5], help="4: MOS 5 to 2; 5: down to MOS 1"

@@ -59,19 +59,29 @@ def test_degrade_interpolates_between_whole_levels_and_keeps_the_tabled_ones():
         "jpeg": jpeg(base, DEGRADATIONS["jpeg"][1]),
     }
     for kind, expected in direct.items():
-        assert np.array_equal(np.asarray(degrade(base, kind, 2, np.random.default_rng(0))), np.asarray(expected))
+        assert np.array_equal(
+            np.asarray(degrade(base, kind, 2, np.random.default_rng(0))), np.asarray(expected)
+        )
     # level 1.5 is the strength halfway between levels 1 and 2: blur radius 1.2, JPEG quality 27.5 -> 28
     halfway = degrade(base, "blur", 1.5, np.random.default_rng(0))
     assert np.array_equal(np.asarray(halfway), np.asarray(base.filter(ImageFilter.GaussianBlur(radius=1.2))))
-    assert np.array_equal(np.asarray(degrade(base, "jpeg", 1.5, np.random.default_rng(0))), np.asarray(jpeg(base, 28)))
+    assert np.array_equal(
+        np.asarray(degrade(base, "jpeg", 1.5, np.random.default_rng(0))), np.asarray(jpeg(base, 28))
+    )
     # below level 1 the strength runs from level 0's (none; JPEG quality 100) to level 1's
-    assert np.array_equal(np.asarray(degrade(base, "jpeg", 0.5, np.random.default_rng(0))), np.asarray(jpeg(base, 70)))
+    assert np.array_equal(
+        np.asarray(degrade(base, "jpeg", 0.5, np.random.default_rng(0))), np.asarray(jpeg(base, 70))
+    )
     noise = [
-        np.abs(np.asarray(degrade(base, "noise", level, np.random.default_rng(1)), np.float32) - np.asarray(base)).mean()
+        np.abs(
+            np.asarray(degrade(base, "noise", level, np.random.default_rng(1)), np.float32) - np.asarray(base)
+        ).mean()
         for level in (0, 0.4, 1, 1.7, 2.5, 3)
     ]
     assert noise[0] == 0 and all(a < b for a, b in zip(noise, noise[1:]))
-    assert np.array_equal(np.asarray(degrade(base, "jpeg", 4, np.random.default_rng(0))), np.asarray(jpeg(base, 2)))
+    assert np.array_equal(
+        np.asarray(degrade(base, "jpeg", 4, np.random.default_rng(0))), np.asarray(jpeg(base, 2))
+    )
     for bad in (-0.1, 4.2):
         with pytest.raises(ValueError, match="level must be in"):
             degrade(base, "blur", bad, np.random.default_rng(0))
@@ -91,7 +101,10 @@ def test_continuous_levels_give_one_real_valued_mos_per_quarter():
     assert torch.equal(images, again[0]) and mos == again[1]
     pool = toy_quality_pool("train", scenes=1, levels="continuous", mos_targets=True)
     assert pool.metadata["mos"].tolist() == pytest.approx(quality_renders("train", 1, levels="continuous")[1])
-    assert all(c.endswith(f"<answer>{m:.2f}</answer>") for c, m in zip(pool.metadata["completions"], pool.metadata["mos"]))
+    assert all(
+        c.endswith(f"<answer>{m:.2f}</answer>")
+        for c, m in zip(pool.metadata["completions"], pool.metadata["mos"])
+    )
     with pytest.raises(ValueError, match="levels must be one of"):
         quality_renders("heldout", scenes=1, levels="fine")
 
@@ -224,7 +237,9 @@ def test_the_command_writes_a_continuous_set_named_by_quarter(tmp_path, capsys):
 
 
 def test_teacher_copies_add_each_renders_degraded_copy_with_the_teachers_target():
-    pool = toy_quality_pool("train", scenes=1, seed=0, degradation_seed=5, teacher=str(TOY_VLM), teacher_copies=True)
+    pool = toy_quality_pool(
+        "train", scenes=1, seed=0, degradation_seed=5, teacher=str(TOY_VLM), teacher_copies=True
+    )
     plain = toy_quality_pool("train", scenes=1, seed=0, degradation_seed=5)
     images = pool.metadata["images"]
     assert len(pool) == 24 and torch.equal(images[:12], plain.metadata["images"])
