@@ -6,7 +6,8 @@ candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.to
 token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
 supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
 and prompt retention), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
-and perception term), :mod:`.rank_fidelity` (VisualQuality-R1's Thurstone ranking reward),
+and perception term), :mod:`.rank_fidelity` (VisualQuality-R1's Thurstone ranking reward), :mod:`.copy_order` (our
+pair-order reward: a degraded copy scored below its original),
 :mod:`.astrolabe` (Astrolabe's x0-space forward-process loss and old-policy
 update) and :mod:`.selective_kl` (its selective KL: rank disagreement, the adaptive fraction and the
 lagging reference's reset rule).
@@ -22,6 +23,7 @@ from importlib import import_module
 from genalign.algorithms.advantages import *  # noqa: F403
 from genalign.algorithms.astrolabe import *  # noqa: F403
 from genalign.algorithms.b2diffurl import *  # noqa: F403
+from genalign.algorithms.copy_order import *  # noqa: F403
 from genalign.algorithms.kl import *  # noqa: F403
 from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
 from genalign.algorithms.nft import *  # noqa: F403
@@ -42,6 +44,7 @@ _REEXPORTED = (
     "advantages",
     "astrolabe",
     "b2diffurl",
+    "copy_order",
     "kl",
     "nft",
     "prompt_rewrite",

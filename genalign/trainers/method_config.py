@@ -457,6 +457,10 @@ class QHawkeyeConfig:
     ``rank_weight``: weight of a ranking term added to each completion's reward before the
     advantages, VisualQuality-R1's Thurstone fidelity against the step's other images
     (:func:`genalign.algorithms.thurstone_fidelity_rewards`; not in Q-Hawkeye: 0, the official run).
+    ``copy_weight``: with w > 0 every drawn image's degraded copy is rolled out as a group of its
+    own, without a MOS (no accuracy term), and each copy completion earns ``w`` when its score is
+    below the mean of its original's group (:func:`genalign.algorithms.copy_below_original_rewards`;
+    our variant, not in Q-Hawkeye: 0, the official run). It doubles the completions per step.
     """
 
     uncertainty: bool = True
@@ -468,10 +472,12 @@ class QHawkeyeConfig:
     perception_clamp: float = 10.0
     ratio_clip: bool = False
     rank_weight: float = 0.0
+    copy_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _non_negative("q_hawkeye", self, "alpha")
         _non_negative("q_hawkeye", self, "rank_weight")
+        _non_negative("q_hawkeye", self, "copy_weight")
         if self.score_max <= self.score_min:
             raise ConfigError(
                 f"train.q_hawkeye.score_max {self.score_max} must exceed train.q_hawkeye.score_min {self.score_min}"

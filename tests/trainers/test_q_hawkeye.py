@@ -217,6 +217,53 @@ def test_the_ranking_term_adds_the_thurstone_fidelity_against_the_other_images(t
     torch.testing.assert_close(batch.advantages.cpu(), want)
 
 
+def test_copies_are_rolled_out_as_their_own_groups_and_earn_the_pair_order_term(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, "train.num_steps=1", "train.q_hawkeye.copy_weight=0.5")
+    pool = trainer.prompts
+    shown = []
+    answers = [  # originals' groups (4 each), then their copies' groups
+        *["<think>a</think><answer>4.00</answer>", "<think>a</think><answer>3.00</answer>"] * 2,
+        *["<think>a</think><answer>2.00</answer>"] * 4,
+        "<think>a</think><answer>3.00</answer>",  # copy of group 0 (mean 3.5): below
+        "<think>a</think><answer>4.00</answer>",  # not below
+        "no answer",  # unparsed: nothing
+        "<think>a</think><answer>1.00</answer>",  # below
+        *["<think>a</think><answer>2.00</answer>"] * 4,  # copy of group 1 (mean 2): ties earn nothing
+    ]
+    original = trainer.policy.rollout
+
+    def scripted(*args, **kwargs):
+        shown.append(kwargs["images"].clone())
+        trajectory = original(*args, **kwargs)
+        trajectory.completions = list(answers)
+        return trajectory
+
+    monkeypatch.setattr(trainer.policy, "rollout", scripted)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    rows, _, seeds = draw_indexed_groups(len(pool), 2, 4, step_generator(trainer.config.train.seed, 0))
+    assert batch.global_batch_size == 16
+    torch.testing.assert_close(batch.global_group_ids, torch.tensor([0, 1, 2, 3]).repeat_interleave(4))
+    # the copies' groups are shown the degraded images, which are also their "degraded" input
+    torch.testing.assert_close(shown[0][:8], pool.metadata["images"][rows])
+    torch.testing.assert_close(shown[0][8:], pool.metadata["degraded_images"][rows])
+    assert torch.equal(batch.trajectory.input_ids[:8], batch.trajectory.input_ids[8:])
+    # rewards: the originals' are Q-Hawkeye's; the copies' have no accuracy term, plus 0.5 x below
+    mos = pool.metadata["mos"][rows]
+    accuracy = torch.tensor([math.exp(-abs(a - float(m)) / 0.3) for a, m in zip([4.0, 3.0] * 2 + [2.0] * 4, mos)])
+    format_ = torch.tensor([0.8] * 10 + [0.0] + [0.8] * 5)
+    below = torch.tensor([0.0] * 8 + [1, 0, 0, 1] + [0] * 4)
+    want = format_ + torch.cat([accuracy, torch.zeros(8)]) + 0.5 * below
+    torch.testing.assert_close(batch.global_rewards, want)
+    assert batch.details["copy_below_original"] == pytest.approx(2 / 8)
+    assert "accuracy_group_std" in batch.metrics  # the MOS signal, over the originals only
+    want_adv = uncertainty_aware_advantages(batch.global_rewards, batch.global_group_ids, batch.global_scores)
+    torch.testing.assert_close(batch.advantages.cpu(), want_adv)
+    # a full step trains on both (the copies' perception term is 0: image and degraded input agree)
+    plain = batch.trajectory.select(slice(8, 16))
+    assert torch.equal(plain.model_inputs["pixel_values"], plain.extras["degraded:pixel_values"])
+    assert len(seeds) == 8
+
+
 def test_the_perception_term_needs_the_degraded_copy(tmp_path):
     trainer = make_trainer(tmp_path, "train.num_steps=1")
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)

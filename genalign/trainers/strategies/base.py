@@ -250,21 +250,23 @@ def rollout_indexed_groups(
     config: Any,
     step: int,
     row_metadata: Callable[[Any, torch.Tensor], dict[str, Any]],
-    images: Callable[[dict[str, Any]], Any],
+    images: Callable[[dict[str, Any], torch.Tensor], Any],
+    draw: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = draw_indexed_groups,
 ) -> IndexedRollout:
     """Roll out step ``step``'s prompt groups drawn as pool rows (:func:`draw_indexed_groups`;
     the same prompts, seeds and group ids as ``groups`` draws), for strategies whose pool rows
     carry metadata (an image to condition on, a target to score against).
 
     ``row_metadata(pool, pool_rows)`` reads this process's rows of ``context.prompts``;
-    ``images(metadata)`` is what the policy is shown with each prompt (None for none).
-    ``config``: a ``TrainConfig`` (its seed, ``prompts_per_step`` and ``group_size``).
+    ``images(metadata, rows)`` is what the policy is shown with each prompt (None for none),
+    ``rows`` this process's positions in the step's global batch.
+    ``config``: a ``TrainConfig`` (its seed, ``prompts_per_step`` and ``group_size``). ``draw``
+    replaces :func:`draw_indexed_groups` (same arguments and returns; the ``q_hawkeye`` strategy
+    appends a second view of every group).
     """
     pool = context.prompts
     generator = step_generator(config.seed, step)
-    indices, group_ids, seeds = draw_indexed_groups(
-        len(pool), config.prompts_per_step, config.group_size, generator
-    )
+    indices, group_ids, seeds = draw(len(pool), config.prompts_per_step, config.group_size, generator)
     prompts = [pool[i] for i in indices.tolist()]
     rows = context.local_rows(len(prompts))
     metadata = row_metadata(pool, indices[rows])
@@ -272,7 +274,7 @@ def rollout_indexed_groups(
         trajectory = context.policy.rollout(
             [prompts[i] for i in rows.tolist()],
             seeds=seeds[rows],
-            images=images(metadata),
+            images=images(metadata, rows),
             **context.rollout_kwargs(),
         )
     trajectory.group_ids = group_ids[rows]

@@ -16,12 +16,19 @@ judge is shown an image with the IQA question and samples G completions
    each reward: the Thurstone fidelity of its parsed score against every other image of the step
    (:func:`genalign.algorithms.thurstone_fidelity_rewards`, over all processes' images; not part
    of Q-Hawkeye, whose accuracy term compares an answer with its own image's MOS only);
-5. assigns uncertainty-aware advantages: ``A = (R - mean_g) / (unbiased std_g + 1e-4)`` times
+5. with ``train.q_hawkeye.copy_weight`` w > 0 (our variant, not Q-Hawkeye's), also rolls out every
+   drawn image's degraded copy as a group of its own (group id ``P + g``, the same seeds; the copy
+   is its own "degraded" input, so its perception term is 0), scores it without a MOS (no
+   accuracy term: format and repetition only) and adds ``w`` to each copy completion whose score is
+   below the mean of its original's group (:func:`genalign.algorithms.copy_below_original_rewards`);
+6. assigns uncertainty-aware advantages: ``A = (R - mean_g) / (unbiased std_g + 1e-4)`` times
    ``exp(-alpha clip(Var_pop(parsed scores of g) / 4, 0, 1))``
    (:func:`genalign.algorithms.q_hawkeye.uncertainty_aware_advantages`; without the weight when
    ``train.q_hawkeye.uncertainty`` is false), clipped to ``train.advantage_clip``.
 
 Metrics: ``reward_rank_fidelity_mean`` (the ranking term's mean, when on),
+``reward_copy_below_original`` (the fraction of copy completions scored below their original's
+group, when copies are on),
 ``reward_answer_unparsed`` (completions without a parsable score over all processes),
 ``ua_weight_mean`` (the mean uncertainty weight, logged also when the weight is off), and the
 learning signal the MOS carries apart from the format (:func:`accuracy_signal`):
@@ -38,6 +45,7 @@ import torch
 
 from genalign.algorithms import (
     clip_advantages,
+    copy_below_original_rewards,
     group_reward_statistics,
     parse_answer_score,
     score_uncertainty_weights,
@@ -46,7 +54,13 @@ from genalign.algorithms import (
 )
 from genalign.trainers.losses.q_hawkeye import DEGRADED_PREFIX
 from genalign.trainers.prompt_pool import PromptPool
-from genalign.trainers.strategies.base import STRATEGIES, RolloutBatch, RolloutContext, rollout_indexed_groups
+from genalign.trainers.strategies.base import (
+    STRATEGIES,
+    RolloutBatch,
+    RolloutContext,
+    draw_indexed_groups,
+    rollout_indexed_groups,
+)
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
 
 __all__ = ["QHawkeyeStrategy", "QualityRolloutBatch", "accuracy_signal"]
@@ -130,27 +144,71 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
             )
         return {f"{DEGRADED_PREFIX}{name}": value for name, value in encoded.items()}
 
-    def sample(self, context: RolloutContext, step: int) -> QualityRolloutBatch:
-        trajectory, metadata, prompts, group_ids, rows = rollout_indexed_groups(
-            context, self.config, step, self._rows, lambda metadata: metadata["images"]
+    def _with_copies(
+        self, pool_size: int, prompts_per_step: int, group_size: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's draw, then the same rows again as the copies' groups (ids ``P + g``)."""
+        indices, group_ids, seeds = draw_indexed_groups(pool_size, prompts_per_step, group_size, generator)
+        return (
+            torch.cat([indices, indices]),
+            torch.cat([group_ids, group_ids + prompts_per_step]),
+            torch.cat([seeds, seeds]),
         )
+
+    def sample(self, context: RolloutContext, step: int) -> QualityRolloutBatch:
+        options = self.config.q_hawkeye
+        copies = options.copy_weight > 0
+        originals = self.config.prompts_per_step * self.config.group_size  # the first rows; copies after
+
+        def shown(metadata: dict[str, Any], rows: torch.Tensor) -> torch.Tensor:
+            if not copies:
+                return metadata["images"]
+            is_copy = (rows >= originals).view(-1, *[1] * (metadata["images"].dim() - 1))
+            return torch.where(is_copy, metadata["degraded_images"], metadata["images"])
+
+        trajectory, metadata, prompts, group_ids, rows = rollout_indexed_groups(
+            context,
+            self.config,
+            step,
+            self._rows,
+            shown,
+            draw=self._with_copies if copies else draw_indexed_groups,
+        )
+        # a copy row is shown the degraded image, which is also its degraded input (perception
+        # term 0), and has no MOS (accuracy term 0)
         trajectory.extras.update(self.degraded_inputs(context, trajectory, metadata["degraded_images"]))
         mos = torch.as_tensor(metadata["mos"], dtype=torch.float32)
+        if copies:
+            mos = torch.where(rows >= originals, torch.full_like(mos, float("nan")), mos)
         rewards, details, per_sample = context.score_per_sample(trajectory, mos=mos.to(context.device))
         parsed = [parse_answer_score(text, signed=True) for text in trajectory.completions]
         scores = torch.tensor([float("nan") if p is None else p for p in parsed], dtype=torch.float32)
         global_scores = context.gather(scores.to(context.device)).cpu()
+        global_copy = torch.arange(len(prompts)) >= originals
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
-        rank_weight = self.config.q_hawkeye.rank_weight
-        if rank_weight > 0:  # VisualQuality-R1's ranking term: each score against the step's other images
+        if (
+            options.rank_weight > 0
+        ):  # VisualQuality-R1's ranking term: each score against the step's other images
             global_mos = context.gather(mos.to(context.device)).cpu()
-            ranking = thurstone_fidelity_rewards(global_scores, group_ids, global_mos)
-            rewards = rewards + rank_weight * ranking[rows].to(rewards)
-            details["rank_fidelity_mean"] = float(ranking.mean())
+            keep = ~global_copy
+            ranking = torch.zeros_like(global_scores)
+            ranking[keep] = thurstone_fidelity_rewards(global_scores[keep], group_ids[keep], global_mos[keep])
+            rewards = rewards + options.rank_weight * ranking[rows].to(rewards)
+            details["rank_fidelity_mean"] = float(ranking[keep].mean())
+        if copies:  # our pair-order term: each copy answer against its original's group
+            partner = torch.where(
+                global_copy, group_ids - self.config.prompts_per_step, torch.full_like(group_ids, -1)
+            )
+            below = copy_below_original_rewards(
+                global_scores, group_ids, partner, options.score_min, options.score_max
+            )
+            rewards = rewards + options.copy_weight * below[rows].to(rewards)
+            details["copy_below_original"] = float(below[global_copy].mean())
         metrics = {}
         if "accuracy" in per_sample:  # the iqa_answer reward: is there a signal beyond the format?
             accuracy = context.gather(per_sample["accuracy"]).cpu()
-            metrics = accuracy_signal(accuracy, global_scores, group_ids)
+            keep = ~global_copy
+            metrics = accuracy_signal(accuracy[keep], global_scores[keep], group_ids[keep])
         return QualityRolloutBatch.of_groups(
             context,
             trajectory,

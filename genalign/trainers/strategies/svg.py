@@ -92,7 +92,7 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             config,
             step,
             self._metadata,
-            lambda metadata: metadata.get("images") if config.svg.task == "image_to_svg" else None,
+            lambda metadata, rows: metadata.get("images") if config.svg.task == "image_to_svg" else None,
         )
         found = self._extract(trajectory.completions)
         svgs = [f.svg if f.svg is not None else "" for f in found]
