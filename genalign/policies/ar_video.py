@@ -46,7 +46,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from genalign.policies.base import DiffusionPolicy
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.trajectory import Trajectory
-from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache
+from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache, forcing_forward
 from genalign.sampling import StepOutput
 from genalign.sampling.self_forcing import self_forcing_step, self_forcing_timesteps, uniform_denoising_steps
 
@@ -158,20 +158,12 @@ class ARVideoPolicy(DiffusionPolicy):
         per-frame model timesteps ``timesteps`` ``[B, F]``, under the block-causal mask (and the
         local window, when set: through an empty cache, which applies it as a mask)."""
         embeds = conditioning["prompt_embeds"].to(self.device, self.model_dtype)
+        latents = latents.to(self.device, self.model_dtype)
+        timesteps = timesteps.to(self.device, torch.float32)
         if self.local_window is not None:
             with block_kv_cache(self.denoiser, self.local_window) as cache:
-                latents, timesteps = (
-                    latents.to(self.device, self.model_dtype),
-                    timesteps.to(self.device, torch.float32),
-                )
                 return cache.run(latents, timesteps, embeds, write=False).float()
-        return self.denoiser(
-            hidden_states=latents.to(self.device, self.model_dtype),
-            timestep=timesteps.to(self.device, torch.float32),
-            encoder_hidden_states=embeds,
-            enable_diffusion_forcing=True,
-            return_dict=False,
-        )[0].float()
+        return forcing_forward(self.denoiser, latents, timesteps, embeds).float()
 
     def predict_video_x0(
         self, latents: torch.Tensor, timesteps: torch.Tensor, conditioning: dict[str, torch.Tensor]

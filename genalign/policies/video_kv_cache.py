@@ -55,7 +55,14 @@ from diffusers.models.transformers.transformer_skyreels_v2 import (
     _get_qkv_projections,
 )
 
-__all__ = ["CachedSelfAttention", "LocalWindow", "VideoKVCache", "apply_rotary_embedding", "block_kv_cache"]
+__all__ = [
+    "CachedSelfAttention",
+    "LocalWindow",
+    "VideoKVCache",
+    "apply_rotary_embedding",
+    "block_kv_cache",
+    "forcing_forward",
+]
 
 
 def apply_rotary_embedding(
@@ -69,6 +76,21 @@ def apply_rotary_embedding(
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x1 * sin + x2 * cos
     return out.type_as(hidden_states)
+
+
+def forcing_forward(
+    transformer: Any, latents: torch.Tensor, timesteps: torch.Tensor, encoder_hidden_states: torch.Tensor
+) -> torch.Tensor:
+    """The block-causal transformer's output ``[B, C, F, h, w]`` for ``latents`` at per-frame
+    timesteps ``[B, F]`` (diffusers' diffusion-forcing forward, ``enable_diffusion_forcing=True``):
+    what the ``ar_video`` policy samples with, the KV cache runs and toy-ar-video trains."""
+    return transformer(
+        hidden_states=latents,
+        timestep=timesteps,
+        encoder_hidden_states=encoder_hidden_states,
+        enable_diffusion_forcing=True,
+        return_dict=False,
+    )[0]
 
 
 @dataclass(frozen=True)
@@ -193,13 +215,7 @@ class VideoKVCache:
         self.mask = self._window_mask(num_frames, tokens_per_frame, latents.device)
         self.write = write
         try:
-            out = self.transformer(
-                hidden_states=latents,
-                timestep=timesteps,
-                encoder_hidden_states=encoder_hidden_states,
-                enable_diffusion_forcing=True,
-                return_dict=False,
-            )[0]
+            out = forcing_forward(self.transformer, latents, timesteps, encoder_hidden_states)
         finally:
             self.rotary, self.mask, self.write = None, None, False
         if write:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from genalign.policies.video_kv_cache import forcing_forward
 from genalign.toy.generators.build import clip_text_encoder
 from genalign.toy.generators.train import train_and_save
 from genalign.toy.generators.video import (
@@ -85,13 +86,7 @@ def diffusion_forcing_loss(
     if noise is None:
         noise = torch.randn(latents.shape, generator=generator)
     noised = (1 - sigma) * latents + sigma * noise  # x_t
-    velocity = transformer(
-        hidden_states=noised,
-        timestep=timesteps,
-        encoder_hidden_states=prompt_embeds,
-        enable_diffusion_forcing=True,
-        return_dict=False,
-    )[0]
+    velocity = forcing_forward(transformer, noised, timesteps, prompt_embeds)
     error = (velocity.float() - (noise - latents)).pow(2).mean(dim=(1, 3, 4))  # (B, F)
     return (error * noisy).sum() / (noisy.sum() * 1.0).clamp(min=1.0)
 
