@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from genalign.toy.scenes import PALETTE, POSITION_THRESHOLD
+from genalign.toy.scenes import PALETTE, POSITION_THRESHOLD, json_record
 
 _COLOUR_NAMES = tuple(PALETTE)
 _INK = 1.0 - np.array([PALETTE[name] for name in _COLOUR_NAMES])  # (K, 3): each colour's ink on white
@@ -108,14 +108,7 @@ class DetectedObject:
     features: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": self.shape,
-            "colour": self.colour,
-            "box": list(self.box),
-            "area": self.area,
-            "rgb": list(self.rgb),
-            "features": dict(self.features),
-        }
+        return json_record(self, "shape", "colour", "box", "area", "rgb", "features")
 
 
 # -- pixels ------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from genalign.toy.captions import (
     positioned_clause,
 )
 from genalign.toy.prompts import PromptSpec, balanced_prompts, prompts_for
+from genalign.toy.scenes import json_record
 
 __all__ = [
     "KINDS",
@@ -99,12 +100,7 @@ class Paraphrase:
         return PromptSpec(self.text, self.category, self.spec)
 
     def to_record(self) -> dict[str, Any]:
-        return {
-            "prompt": self.text,
-            "canonical": self.canonical,
-            "kinds": list(self.kinds),
-            "spec": self.spec,
-        }
+        return {"prompt": self.text, **json_record(self, "canonical", "kinds", "spec")}
 
 
 # -- writing ----------------------------------------------------------------------------------------

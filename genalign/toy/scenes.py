@@ -97,6 +97,20 @@ class SceneObject:
         return f'<polygon points="{points}" fill="{fill}"/>'
 
 
+def json_record(obj: Any, *names: str) -> dict[str, Any]:
+    """``{name: obj.name}`` for each of ``names``, ready for JSON: tuples and lists become new lists
+    and dicts are copied (shallowly), so the record shares no container with ``obj``."""
+    record = {}
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, (tuple, list)):
+            value = list(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        record[name] = value
+    return record
+
+
 def polygon_corners(shape: str, x: float, y: float, half: float) -> list[tuple[float, float]]:
     """The corners of a ``"triangle"`` (apex up) or ``"diamond"`` centred at ``(x, y)`` whose
     bounding box has half-side ``half``, in SVG order."""

@@ -42,7 +42,7 @@ import torch
 
 from genalign.toy.captions import Spec
 from genalign.toy.detection import ShapesEvalConfig, detect_objects
-from genalign.toy.scenes import relative_position
+from genalign.toy.scenes import json_record, relative_position
 from genalign.toy.shapes_eval import CheckTally, SpecCheck, verdict_summary
 from genalign.toy.video.captions import VIDEO_CATEGORIES, validate_video_spec
 from genalign.toy.video.scenes import VideoScene
@@ -115,13 +115,7 @@ class Track:
         return self.boxes[self.frames.index(frame)] if frame in self.frames else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": self.shape,
-            "colour": self.colour,
-            "frames": list(self.frames),
-            "motion": self.motion,
-            "velocity": list(self.velocity),
-        }
+        return json_record(self, "shape", "colour", "frames", "motion", "velocity")
 
 
 def track_objects(
