@@ -28,15 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from genalign.sampling.types import (
-    GeneratorLike,
-    StepOutput,
-    batched_index,
-    clip_or_threshold,
-    original_and_epsilon,
-    per_sample,
-    sample_or_score,
-)
+from genalign.sampling.types import GeneratorLike, StepOutput, discrete_step, per_sample, sample_or_score
 
 if TYPE_CHECKING:
     from diffusers import LCMScheduler
@@ -111,14 +103,9 @@ def consistency_step(
         ``log_prob`` ``[B]``, ``pred_original_sample = denoised`` (the consistency output
         ``f(x_t, t)``) and ``prev_sample`` in ``sample.dtype``.
     """
-    if scheduler.num_inference_steps is None:
-        raise ValueError("call `scheduler.set_timesteps(...)` before `consistency_step`")
-    x = sample.float()  # (B, C, H, W)
-    output = model_output.float()  # (B, C, H, W)
-    alphas_cumprod = scheduler.alphas_cumprod.float()
-    device = alphas_cumprod.device
-    schedule = scheduler.timesteps.to(device)  # (N,)
-    t = batched_index(timestep, x.shape[0], device, "timestep")  # (B,)
+    step = discrete_step(scheduler, model_output, timestep, sample, "consistency_step")
+    x, t = step.x, step.t  # (B, C, H, W), (B,)
+    schedule = scheduler.timesteps.to(step.alphas_cumprod.device)  # (N,)
 
     matches = t[:, None] == schedule[None, :]  # (B, N)
     if not bool(matches.any(dim=1).all()):
@@ -127,21 +114,17 @@ def consistency_step(
     is_last = index == len(schedule) - 1  # (B,)
     prev_t = schedule[(index + 1).clamp(max=len(schedule) - 1)]  # (B,), unused where is_last
 
-    final_alpha = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32).to(device)
-    alpha_prod_t = per_sample(alphas_cumprod[t], x)  # (B, 1, 1, 1)
-    alpha_prod_prev = torch.where(prev_t >= 0, alphas_cumprod[prev_t.clamp(min=0)], final_alpha)  # (B,)
+    alpha_prod_prev = step.alpha_prod(prev_t)  # (B,)
 
     # boundary conditions: c_skip(0) = 1, c_out(0) = 0, so f(x, 0) = x
     scaled_t = per_sample(t.float() * scheduler.config.timestep_scaling, x)  # (B, 1, 1, 1)
     c_skip = SIGMA_DATA**2 / (scaled_t**2 + SIGMA_DATA**2)
     c_out = scaled_t / (scaled_t**2 + SIGMA_DATA**2).sqrt()
 
-    original, _ = original_and_epsilon(scheduler.config.prediction_type, output, x, alpha_prod_t)
-    original = clip_or_threshold(scheduler.config, original)
-    denoised = c_out * original + c_skip * x  # (B, C, H, W)
+    denoised = c_out * step.original + c_skip * x  # (B, C, H, W)
 
     if final_noise:  # RLCM: the last step re-noises to its own timestep, t' = t
-        alpha_prod_prev = torch.where(is_last, alphas_cumprod[t], alpha_prod_prev)
+        alpha_prod_prev = torch.where(is_last, step.alphas_cumprod[t], alpha_prod_prev)
         is_last = torch.zeros_like(is_last)
     scale = per_sample(torch.where(is_last, torch.ones_like(alpha_prod_prev), alpha_prod_prev.sqrt()), x)
     std = per_sample(torch.where(is_last, torch.zeros_like(alpha_prod_prev), (1 - alpha_prod_prev).sqrt()), x)

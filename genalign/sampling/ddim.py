@@ -14,18 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
-from genalign.sampling.types import (
-    GeneratorLike,
-    StepOutput,
-    batched_index,
-    clip_or_threshold,
-    original_and_epsilon,
-    per_sample,
-    sample_or_score,
-)
+from genalign.sampling.types import GeneratorLike, StepOutput, discrete_step, per_sample, sample_or_score
 
 if TYPE_CHECKING:
     from diffusers import DDIMScheduler
@@ -65,33 +56,19 @@ def ddim_step(
         ``log_prob`` ``[B]``, ``pred_original_sample`` ``[B, ...]`` and ``prev_sample`` in
         ``sample.dtype``.
     """
-    if scheduler.num_inference_steps is None:
-        raise ValueError("call `scheduler.set_timesteps(...)` before `ddim_step`")
+    step = discrete_step(scheduler, model_output, timestep, sample, "ddim_step")
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    x = sample.float()  # (B, C, H, W)
-    output = model_output.float()  # (B, C, H, W)
-    alphas_cumprod = scheduler.alphas_cumprod.float()
-    t = batched_index(timestep, x.shape[0], alphas_cumprod.device, "timestep")  # (B,)
-    prev_t = t - scheduler.config.num_train_timesteps // scheduler.num_inference_steps  # (B,)
-
-    final_alpha = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32).to(
-        alphas_cumprod.device
-    )
-    alpha_prod_t = per_sample(alphas_cumprod[t], x)  # (B, 1, 1, 1)
-    alpha_prod_prev = per_sample(
-        torch.where(prev_t >= 0, alphas_cumprod[prev_t.clamp(min=0)], final_alpha), x
-    )  # (B, 1, 1, 1)
-
-    original, epsilon = original_and_epsilon(scheduler.config.prediction_type, output, x, alpha_prod_t)
-    original = clip_or_threshold(scheduler.config, original)
+    prev_t = step.t - scheduler.config.num_train_timesteps // scheduler.num_inference_steps  # (B,)
+    alpha_prod_t = step.alpha_prod_t  # (B, 1, 1, 1)
+    alpha_prod_prev = per_sample(step.alpha_prod(prev_t), step.x)  # (B, 1, 1, 1)
 
     # sigma_t^2 = (1 - a_{t-1}) / (1 - a_t) * (1 - a_t / a_{t-1})   (eq. 16)
     variance = (1 - alpha_prod_prev) / (1 - alpha_prod_t) * (1 - alpha_prod_t / alpha_prod_prev)
     std = eta * variance.clamp(min=0).sqrt()  # (B, 1, 1, 1)
     # eq. 12: "predicted x0" + "direction pointing to x_t" (the clamp only guards rounding; eta > 1
     # would make it bite, which diffusers turns into NaN)
-    direction = (1 - alpha_prod_prev - std**2).clamp(min=0).sqrt() * epsilon
-    mean = alpha_prod_prev.sqrt() * original + direction  # (B, C, H, W)
+    direction = (1 - alpha_prod_prev - std**2).clamp(min=0).sqrt() * step.epsilon
+    mean = alpha_prod_prev.sqrt() * step.original + direction  # (B, C, H, W)
 
-    return sample_or_score(mean, std, original, sample.dtype, prev_sample, generator, stochastic=eta > 0)
+    return sample_or_score(mean, std, step.original, sample.dtype, prev_sample, generator, stochastic=eta > 0)

@@ -3,7 +3,9 @@
 A step kernel is one reverse step ``x_t -> x_{t-1}`` written as a Gaussian policy
 ``pi(x_{t-1} | x_t) = N(mean, std^2 I)`` (DDPO, Black et al. 2023, Sec. 4.2). Every kernel returns a
 :class:`StepOutput`; the private helpers below (timestep batching, x0 conversion, clipping and
-thresholding, sampling-or-scoring) are shared by the DDIM, flow and consistency kernels.
+thresholding, sampling-or-scoring) are shared by the DDIM, flow and consistency kernels, and
+:func:`discrete_step` reads the inputs of the two on a discrete DDPM schedule (DDIM, consistency)
+once for both.
 
 Conventions shared by all kernels:
 
@@ -164,6 +166,47 @@ def clip_or_threshold(config: Any, original: Tensor) -> Tensor:
     if getattr(config, "clip_sample", False):
         return original.clamp(-config.clip_sample_range, config.clip_sample_range)
     return original
+
+
+@dataclass(frozen=True)
+class DiscreteStep:
+    """What a step kernel on a discrete DDPM schedule (DDIM, consistency) reads first, in fp32:
+    the sample ``x`` ``[B, ...]``, the per-sample timesteps ``t`` ``[B]``, the schedule's
+    ``alphas_cumprod`` ``[T]`` and ``final_alpha_cumprod``, ``alpha_prod_t`` ``[B, 1, ..., 1]``,
+    and the model output as ``original`` (x0, clipped or thresholded as the scheduler's config
+    says) and ``epsilon`` (derived from the unclipped x0, as diffusers' default)."""
+
+    x: Tensor
+    t: Tensor
+    alphas_cumprod: Tensor
+    final_alpha: Tensor
+    alpha_prod_t: Tensor
+    original: Tensor
+    epsilon: Tensor
+
+    def alpha_prod(self, timesteps: Tensor) -> Tensor:
+        """``a`` ``[B]`` at integer ``timesteps`` ``[B]``; a negative timestep (past the end of the
+        schedule) has the scheduler's ``final_alpha_cumprod``."""
+        return torch.where(timesteps >= 0, self.alphas_cumprod[timesteps.clamp(min=0)], self.final_alpha)
+
+
+def discrete_step(
+    scheduler: Any, model_output: Tensor, timestep: int | Tensor, sample: Tensor, kernel: str
+) -> DiscreteStep:
+    """The :class:`DiscreteStep` of a kernel's inputs; ``kernel`` names it in the error raised
+    when the scheduler's timesteps are not set."""
+    if scheduler.num_inference_steps is None:
+        raise ValueError(f"call `scheduler.set_timesteps(...)` before `{kernel}`")
+    x = sample.float()  # (B, C, H, W)
+    output = model_output.float()  # (B, C, H, W)
+    alphas_cumprod = scheduler.alphas_cumprod.float()
+    device = alphas_cumprod.device
+    t = batched_index(timestep, x.shape[0], device, "timestep")  # (B,)
+    final_alpha = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32).to(device)
+    alpha_prod_t = per_sample(alphas_cumprod[t], x)  # (B, 1, 1, 1)
+    original, epsilon = original_and_epsilon(scheduler.config.prediction_type, output, x, alpha_prod_t)
+    original = clip_or_threshold(scheduler.config, original)
+    return DiscreteStep(x, t, alphas_cumprod, final_alpha, alpha_prod_t, original, epsilon)
 
 
 def sample_or_score(
