@@ -66,6 +66,19 @@ class SVGWriterRecipe:
     corpus_scenes: int = 3000
 
 
+# the writer recipe's fields that are the VLM recipe's (:func:`build_svg_writer`)
+VLM_FIELDS = (
+    "seed",
+    "hidden_size",
+    "intermediate_size",
+    "layers",
+    "heads",
+    "kv_heads",
+    "vision_init",
+    "vision_feature_layer",
+)
+
+
 def svg_pieces(canvas: int = 32) -> list[str]:
     """The added tokens: whole pieces of the canonical toy SVG and the integers ``0..canvas``."""
     pieces = [f'<svg viewBox="0 0 {canvas} {canvas}">', "</svg>"]
@@ -99,16 +112,7 @@ def build_svg_writer(out: str | Path, recipe: SVGWriterRecipe | None = None) -> 
     from genalign.toy.reward_models.vlm_model import VLMRecipe, build_vlm
 
     recipe = recipe or SVGWriterRecipe()
-    vlm = VLMRecipe(
-        seed=recipe.seed,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        layers=recipe.layers,
-        heads=recipe.heads,
-        kv_heads=recipe.kv_heads,
-        vision_init=recipe.vision_init,
-        vision_feature_layer=recipe.vision_feature_layer,
-    )
+    vlm = VLMRecipe(**{name: getattr(recipe, name) for name in VLM_FIELDS})
     with torch.random.fork_rng(devices=[]):
         model, processor = build_vlm(vlm, tokenizer=svg_writer_tokenizer(recipe))
     out = Path(out)
