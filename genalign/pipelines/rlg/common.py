@@ -19,7 +19,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 from peft.tuners.tuners_utils import BaseTunerLayer
 
-from genalign.pipelines.guidance import rlg_combine
+from genalign.pipelines.guidance import apply_guidance, rlg_combine
 
 __all__ = [
     "Branch",
@@ -306,6 +306,16 @@ class RLGMixin(abc.ABC):
         if len(guided) == 1:
             return next(iter(guided.values()))
         return rlg_combine(guided["reference"], guided["rl"], rlg_scale)
+
+    @staticmethod
+    def _cfg_prediction(
+        call: RLGCall, do_cfg: bool, denoiser: torch.nn.Module, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        """A branch's prediction for ``predict`` when guidance is plain CFG: the denoiser's output on
+        ``args`` / ``kwargs`` (``return_dict=False``), guided at ``call.guidance_scale`` when
+        ``do_cfg`` (:func:`~genalign.pipelines.guidance.apply_guidance`)."""
+        output = denoiser(*args, return_dict=False, **kwargs)[0]
+        return apply_guidance(output, call.guidance_scale, do_cfg)
 
     def _step_end(
         self, callback: StepCallback | None, step: int, timestep: torch.Tensor, latents: torch.Tensor

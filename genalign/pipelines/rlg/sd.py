@@ -6,7 +6,7 @@ import torch
 from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
-from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.guidance import cfg_batch
 from genalign.pipelines.rlg.common import RLGCall, RLGMixin, RLGPipelineOutput, rlg_call
 
 __all__ = ["RLGStableDiffusionPipeline"]
@@ -57,8 +57,9 @@ class RLGStableDiffusionPipeline(
 
         # 5. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, model_input: torch.Tensor, t: torch.Tensor):
-            output = denoiser(model_input, t, encoder_hidden_states=embeds[name], return_dict=False)[0]
-            return apply_guidance(output, call.guidance_scale, do_cfg)
+            return self._cfg_prediction(
+                call, do_cfg, denoiser, model_input, t, encoder_hidden_states=embeds[name]
+            )
 
         def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return self.scheduler.scale_model_input(cfg_batch(latents, latents, do_cfg), t), t

@@ -7,7 +7,7 @@ from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
-from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.guidance import cfg_batch
 from genalign.pipelines.rlg.common import RLGCall, RLGMixin, RLGPipelineOutput, rlg_call
 
 __all__ = ["RLGStableDiffusion3Pipeline"]
@@ -83,14 +83,15 @@ class RLGStableDiffusion3Pipeline(
         # 5. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, model_input: torch.Tensor, timestep: torch.Tensor):
             prompt_embeds, pooled_prompt_embeds = embeds[name]
-            velocity = denoiser(
+            return self._cfg_prediction(
+                call,
+                do_cfg,
+                denoiser,
                 hidden_states=model_input,
                 timestep=timestep,
                 encoder_hidden_states=prompt_embeds,
                 pooled_projections=pooled_prompt_embeds,
-                return_dict=False,
-            )[0]
-            return apply_guidance(velocity, call.guidance_scale, do_cfg)
+            )
 
         def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             batch = cfg_batch(latents, latents, do_cfg)

@@ -7,7 +7,7 @@ from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
 from genalign.pipelines.decoding import unscale_latents
-from genalign.pipelines.guidance import apply_guidance, cfg_batch
+from genalign.pipelines.guidance import cfg_batch
 from genalign.pipelines.rlg.common import RLGCall, RLGMixin, RLGPipelineOutput, rlg_call
 from genalign.pipelines.sdxl_conditioning import encode_sdxl_prompt
 
@@ -70,15 +70,16 @@ class RLGStableDiffusionXLPipeline(
         # 4. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, model_input: torch.Tensor, t: torch.Tensor):
             embeds, added_cond_kwargs = conditioning[name]
-            output = denoiser(
+            return self._cfg_prediction(
+                call,
+                do_cfg,
+                denoiser,
                 model_input,
                 t,
                 encoder_hidden_states=embeds,
                 timestep_cond=timestep_cond,
                 added_cond_kwargs=added_cond_kwargs,
-                return_dict=False,
-            )[0]
-            return apply_guidance(output, call.guidance_scale, do_cfg)
+            )
 
         def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return self.scheduler.scale_model_input(cfg_batch(latents, latents, do_cfg), t), t
