@@ -274,6 +274,22 @@ class RLGMixin(abc.ABC):
         default = sample_size * self.vae_scale_factor
         return call.height or default, call.width or default
 
+    def _checked_t5_size(self, call: RLGCall, other_prompts: int) -> tuple[int, int]:
+        """``(height, width)`` of a call to a pipeline with T5 prompts (FLUX.1, SD3), checked by its
+        ``check_inputs`` with its ``other_prompts`` secondary prompts (``prompt_2`` ...) left None;
+        sets the guidance scale."""
+        height, width = self._rlg_size(call, self.default_sample_size)
+        self.check_inputs(
+            call.prompt,
+            *[None] * other_prompts,
+            height,
+            width,
+            negative_prompt=call.negative_prompt,
+            max_sequence_length=call.max_sequence_length,
+        )
+        self._guidance_scale = call.guidance_scale
+        return height, width
+
     def _rlg_latents(
         self, call: RLGCall, channels: int, height: int, width: int, dtype: torch.dtype, device: torch.device
     ) -> Any:

@@ -28,16 +28,7 @@ class RLGFluxPipeline(RLGMixin, FluxPipeline, denoiser="transformer", denoiser_t
 
     def _sample(self, call: RLGCall) -> RLGPipelineOutput | tuple:
         # 1. Check inputs
-        height, width = self._rlg_size(call, self.default_sample_size)
-        self.check_inputs(
-            call.prompt,
-            None,
-            height,
-            width,
-            negative_prompt=call.negative_prompt,
-            max_sequence_length=call.max_sequence_length,
-        )
-        self._guidance_scale = call.guidance_scale
+        height, width = self._checked_t5_size(call, other_prompts=1)
         self._joint_attention_kwargs = {}
         self._current_timestep = None
         self._interrupt = False
