@@ -77,17 +77,25 @@ def qwen_chat_tokenizer(bpe_tokenizer: Any, model_max_length: int) -> Qwen2Token
     )
 
 
-def qwen2_config(tokenizer: Qwen2Tokenizer, hidden_size: int = 32, num_hidden_layers: int = 2) -> Qwen2Config:
-    """A small Qwen2 for ``tokenizer``: 4 query / 2 key-value heads, MLP width ``2 * hidden_size``,
-    tied embeddings like Qwen2-0.5B; by default the tiny LM's (2 layers, hidden 32). The toy
-    rewriter (:func:`genalign.toy.rewriter.build_rewriter`) is a larger one."""
+def qwen2_config(
+    tokenizer: Qwen2Tokenizer,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    intermediate_size: int | None = None,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+) -> Qwen2Config:
+    """A small Qwen2 for ``tokenizer``: 4 query / 2 key-value heads, MLP width ``2 * hidden_size``
+    (``intermediate_size``: another), tied embeddings like Qwen2-0.5B; by default the tiny LM's
+    (2 layers, hidden 32). The toy rewriter (:func:`genalign.toy.rewriter.build_rewriter`) and the
+    toy VLM's LM (:func:`genalign.toy.reward_models.vlm_model.build_vlm`) are larger ones."""
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
         num_hidden_layers=num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         max_position_embeddings=tokenizer.model_max_length,
         tie_word_embeddings=True,
         bos_token_id=None,

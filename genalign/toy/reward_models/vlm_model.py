@@ -119,14 +119,14 @@ def build_vlm(recipe: VLMRecipe, tokenizer: Any = None):
     architecture and weights, as LLaVA starts from a pretrained CLIP encoder (Liu et al. 2023).
     ``tokenizer``: a chat tokenizer with an ``<image>`` token (default: :func:`vlm_tokenizer`, the
     toy grammar's; the toy SVG writer passes its own)."""
-    from transformers import (
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        Qwen2Config,
-    )
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
-    from genalign.tiny.language import IMAGE_TOKEN, llava_processor, set_chat_generation_defaults
+    from genalign.tiny.language import (
+        IMAGE_TOKEN,
+        llava_processor,
+        qwen2_config,
+        set_chat_generation_defaults,
+    )
 
     recipe, vision_act, vision_weights = _vision_tower_start(recipe)
     if recipe.image_size % recipe.patch_size:
@@ -137,18 +137,13 @@ def build_vlm(recipe: VLMRecipe, tokenizer: Any = None):
     # never reach the loss), so a toy-clip tower hands the LM its CLS token too ("full").
     strategy = "full" if vision_weights is not None else "default"
     tokenizer = tokenizer if tokenizer is not None else vlm_tokenizer(recipe.vocab_size)
-    text_config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=recipe.hidden_size,
+    text_config = qwen2_config(
+        tokenizer,
+        recipe.hidden_size,
+        recipe.layers,
         intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.layers,
         num_attention_heads=recipe.heads,
         num_key_value_heads=recipe.kv_heads,
-        max_position_embeddings=tokenizer.model_max_length,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(
