@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from genalign.toy.generators.budget import TrainBudget, recipe_budget
 from genalign.toy.generators.build import (
     build_sd3_transformer,
     build_text_encoder,
@@ -25,6 +26,10 @@ from genalign.toy.generators.train import train_and_save
 from genalign.toy.training import AveragedTraining, TrainingLog
 
 SD3_T5_TOKENS = 256  # StableDiffusion3Pipeline.encode_prompt's default max_sequence_length
+# train_flow's default budget (the fields: TrainBudget)
+FLOW_BUDGET = TrainBudget(
+    steps=6000, batch_size=64, lr=5e-4, num_examples=30000, log_every=200, ema_decay=0.99
+)
 
 
 def sd3_prompt_embeddings(
@@ -98,21 +103,15 @@ class RepeatedTokenJointAttention:
 def train_flow(
     vae,
     out: str | Path | None = None,
-    steps: int = 6000,
-    batch_size: int = 64,
-    lr: float = 5e-4,
-    num_images: int = 30000,
-    seed: int = 0,
+    *,
+    budget: TrainBudget = FLOW_BUDGET,
     caption_dropout: float = 0.1,
-    ema_decay: float = 0.99,
     num_layers: int = 3,
     text_hidden: int = 64,
-    log_every: int = 200,
-    max_minutes: float | None = None,
     init: str | Path | None = None,
     clip_text: str | Path | None = None,
     caption_noise: float = 0.0,
-    snapshot_every: int | None = None,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train an SD3-architecture pipeline from scratch with the rectified-flow loss (or, with
     ``init``, continue from a saved toy-flow folder: its encoders, transformer and latent shift).
@@ -129,12 +128,16 @@ def train_flow(
     With ``clip_text`` (an open_clip folder, toy-clip) both CLIP encoders are that CLIP's text
     tower with its projection (:func:`clip_text_encoder`), frozen, as SD3's pretrained CLIPs are,
     and only the transformer trains (a new one sized to them, or ``init``'s, whose encoders they
-    replace). ``caption_noise``: :func:`toy_dataset`; ``snapshot_every`` saves the EMA weights to
-    ``out/snapshot`` every that many steps.
+    replace). ``caption_noise``: :func:`toy_dataset`.
+
+    The budget (default :data:`FLOW_BUDGET`) and its keywords ``steps``, ``batch_size``, ``lr``,
+    ``num_images``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and ``snapshot_every``
+    are :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
-    torch.manual_seed(seed)
+    budget = recipe_budget("train_flow", budget, budget_keywords)
+    torch.manual_seed(budget.seed)
     tokenizer = toy_tokenizer()
-    images, captions = toy_dataset(num_images, seed=seed + 3000, caption_noise=caption_noise)
+    images, captions = toy_dataset(budget.num_examples, seed=budget.seed + 3000, caption_noise=caption_noise)
     vae, encoders, transformer, raw = _flow_modules(
         vae, images, tokenizer, init, num_layers, text_hidden, clip_text
     )
@@ -142,9 +145,9 @@ def train_flow(
     data = captioned_latents((raw - vae.config.shift_factor) * vae.config.scaling_factor, tokenizer, captions)
     modules = [*encoders, transformer]
     # the averaged copies are taken before the training-only attention processor below
-    training = AveragedTraining.of(modules, lr, steps, ema_decay, max_warmup=200)
-    generator = torch.Generator().manual_seed(seed)
-    log = TrainingLog(log_every, steps, "toy-flow")
+    training = AveragedTraining.of(modules, budget.lr, budget.steps, budget.ema_decay, max_warmup=200)
+    generator = torch.Generator().manual_seed(budget.seed)
+    log = TrainingLog(budget.log_every, budget.steps, "toy-flow")
     start = time.time()
     for module in modules:
         module.train(clip_text is None or module is transformer)
@@ -152,8 +155,8 @@ def train_flow(
     transformer.set_attn_processor(RepeatedTokenJointAttention(SD3_T5_TOKENS))
 
     def loss_fn(step: int) -> torch.Tensor:
-        z0, tokens = data.draw(batch_size, caption_dropout, generator)
-        t = torch.sigmoid(torch.randn(batch_size, generator=generator))  # logit-normal t
+        z0, tokens = data.draw(budget.batch_size, caption_dropout, generator)
+        t = torch.sigmoid(torch.randn(budget.batch_size, generator=generator))  # logit-normal t
         noise = torch.randn(z0.shape, generator=generator)
         zt = (1 - t.view(-1, 1, 1, 1)) * z0 + t.view(-1, 1, 1, 1) * noise
         with torch.set_grad_enabled(clip_text is None):
@@ -166,7 +169,9 @@ def train_flow(
     def pipeline(*averaged) -> tuple[Any, dict[str, Any]]:
         return _flow_pipeline(vae, tokenizer, *averaged)
 
-    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
+    return train_and_save(
+        training, loss_fn, log, start, pipeline, out, budget.max_minutes, budget.snapshot_every
+    )
 
 
 def _flow_pipeline(vae, tokenizer, encoder_1, encoder_2, transformer) -> tuple[Any, dict[str, Any]]:

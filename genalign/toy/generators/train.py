@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from genalign.toy.generators.budget import TrainBudget, recipe_budget
 from genalign.toy.generators.build import (
     add_text_pooling,
     build_text_encoder,
@@ -48,21 +49,23 @@ SD_BETAS = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_l
 # written before the recipe recorded its KL weight were trained with it
 SD_KL_WEIGHT = 1e-6
 
+# each recipe's default budget (its ``budget`` keyword's default; the fields: TrainBudget)
+VAE_BUDGET = TrainBudget(steps=600, batch_size=16, lr=2e-3, num_examples=4000)
+SD_BUDGET = TrainBudget(steps=6000, batch_size=64, lr=5e-4, num_examples=30000, log_every=200, ema_decay=0.99)
+LCM_BUDGET = TrainBudget(steps=2000, batch_size=64, lr=2e-4, num_examples=20000, ema_decay=0.95)
+
 
 # -- VAE --------------------------------------------------------------------------------------------
 
 
 def train_vae(
     out: str | Path | None = None,
-    steps: int = 600,
-    batch_size: int = 16,
-    lr: float = 2e-3,
-    num_images: int = 4000,
-    seed: int = 0,
+    *,
+    budget: TrainBudget = VAE_BUDGET,
     kl_weight: float = SD_KL_WEIGHT,
     crop: int = 24,
     block_out_channels: Sequence[int] = (16, 32, 32),
-    log_every: int = 100,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the KL autoencoder on renders (reconstruction L1 + L2 and a small KL term, the
     Stable Diffusion autoencoder objective of Rombach et al. 2022, Sec. 3.1, without the
@@ -73,15 +76,21 @@ def train_vae(
     The latent ``scaling_factor`` is then set to one over the standard deviation of the training
     latents (Rombach et al. 2022, Appendix G), so scaled latents have unit variance. Returns
     ``(vae, info)``; ``info`` has the loss history and reconstruction error.
+
+    The budget (default :data:`VAE_BUDGET`) and its keywords ``steps``, ``batch_size``, ``lr``,
+    ``num_images``, ``seed`` and ``log_every`` are :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
-    torch.manual_seed(seed)
-    images, _ = toy_dataset(num_images, seed=seed, unconditional_fraction=0.3)
+    budget = recipe_budget(
+        "train_vae", budget, budget_keywords, unused=("max_minutes", "ema_decay", "snapshot_every")
+    )
+    torch.manual_seed(budget.seed)
+    images, _ = toy_dataset(budget.num_examples, seed=budget.seed, unconditional_fraction=0.3)
     vae = build_vae(block_out_channels)
-    generator = torch.Generator().manual_seed(seed)
-    log = TrainingLog(log_every, steps, "vae")
+    generator = torch.Generator().manual_seed(budget.seed)
+    log = TrainingLog(budget.log_every, budget.steps, "vae")
 
     def loss_fn(step: int) -> torch.Tensor:
-        index = torch.randint(len(images), (batch_size,), generator=generator)
+        index = torch.randint(len(images), (budget.batch_size,), generator=generator)
         x = random_crop(to_model_range(images[index]), crop, 4, generator)
         posterior = vae.encode(x).latent_dist
         reconstruction = vae.decode(posterior.sample(generator)).sample
@@ -90,11 +99,11 @@ def train_vae(
             F.l1_loss(reconstruction, x) + F.mse_loss(reconstruction, x) + kl_weight * posterior.kl().mean()
         )
 
-    optimise_module(vae, loss_fn, lr, steps, log, max_warmup=100)
+    optimise_module(vae, loss_fn, budget.lr, budget.steps, log, max_warmup=100)
     latents = encode_latents(vae, images[:2000])
     vae.register_to_config(scaling_factor=round(float(1.0 / latents.std()), 5))
     with torch.no_grad():
-        held = to_model_range(toy_dataset(64, seed=seed + 1)[0])
+        held = to_model_range(toy_dataset(64, seed=budget.seed + 1)[0])
         error = float((vae.decode(vae.encode(held).latent_dist.mean).sample - held).abs().mean() / 2)
     info = {
         "loss_history": log.history,
@@ -170,24 +179,18 @@ def train_and_save(
 def train_sd(
     vae,
     out: str | Path | None = None,
-    steps: int = 6000,
-    batch_size: int = 64,
-    lr: float = 5e-4,
-    num_images: int = 30000,
-    seed: int = 0,
+    *,
+    budget: TrainBudget = SD_BUDGET,
     caption_dropout: float = 0.1,
-    ema_decay: float = 0.99,
     unet_channels: Sequence[int] = (32, 64),
     text_hidden: int = 64,
     text_layers: int = 2,
-    log_every: int = 200,
-    max_minutes: float | None = None,
     init: str | Path | None = None,
     text_pooling: bool = True,
-    snapshot_every: int | None = None,
     v_weight_cap: float | None = None,
     clip_text: str | Path | None = None,
     caption_noise: float = 0.0,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the text encoder and UNet jointly from scratch on VAE latents of renders
     (or, with ``init``, continue from a saved toy-sd folder's text encoder and UNet; with
@@ -205,9 +208,11 @@ def train_sd(
     far more than L_simple does. With ``clip_text`` (an open_clip folder, toy-clip) the text encoder
     is that CLIP's text tower (:func:`clip_text_encoder`), frozen as in Stable Diffusion, and only
     the UNet trains (also when continuing from ``init``, whose text encoder it replaces).
-    ``max_minutes`` stops early (the schedule still assumes ``steps``); ``snapshot_every`` saves
-    the EMA weights as a pipeline under ``out/snapshot`` every that many steps, so a long run can be
-    evaluated while it trains; ``caption_noise``: :func:`toy_dataset`. Returns ``(pipeline, info)``.
+    ``caption_noise``: :func:`toy_dataset`. Returns ``(pipeline, info)``.
+
+    The budget (default :data:`SD_BUDGET`) and its keywords ``steps``, ``batch_size``, ``lr``,
+    ``num_images``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and ``snapshot_every``
+    are :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
     from diffusers import DDIMScheduler, DDPMScheduler, StableDiffusionPipeline
 
@@ -218,9 +223,10 @@ def train_sd(
         pipe = sd_layout_pipeline(StableDiffusionPipeline, vae, text_encoder, tokenizer, unet, sampler)
         return pipe, sd_layout_parameters(pipe)
 
-    torch.manual_seed(seed)
+    budget = recipe_budget("train_sd", budget, budget_keywords)
+    torch.manual_seed(budget.seed)
     tokenizer = toy_tokenizer()
-    images, captions = toy_dataset(num_images, seed=seed + 1000, caption_noise=caption_noise)
+    images, captions = toy_dataset(budget.num_examples, seed=budget.seed + 1000, caption_noise=caption_noise)
     data = captioned_latents(encode_latents(vae, images) * vae.config.scaling_factor, tokenizer, captions)
     text_encoder, unet = _sd_modules(
         tokenizer,
@@ -234,26 +240,30 @@ def train_sd(
     )
     alphas_cumprod = DDPMScheduler(**SD_BETAS, clip_sample=False).alphas_cumprod
     timestep_weights = None if v_weight_cap is None else v_loss_timestep_weights(alphas_cumprod, v_weight_cap)
-    training = AveragedTraining.of([text_encoder, unet], lr, steps, ema_decay, max_warmup=200)
-    generator = torch.Generator().manual_seed(seed)
-    log = TrainingLog(log_every, steps, "toy-sd")
+    training = AveragedTraining.of(
+        [text_encoder, unet], budget.lr, budget.steps, budget.ema_decay, max_warmup=200
+    )
+    generator = torch.Generator().manual_seed(budget.seed)
+    log = TrainingLog(budget.log_every, budget.steps, "toy-sd")
     start = time.time()
     text_encoder.train(clip_text is None)
     unet.train()
 
     def loss_fn(step: int) -> torch.Tensor:
-        z0, tokens = data.draw(batch_size, caption_dropout, generator)
+        z0, tokens = data.draw(budget.batch_size, caption_dropout, generator)
         if timestep_weights is None:
-            t = torch.randint(0, len(alphas_cumprod), (batch_size,), generator=generator)
+            t = torch.randint(0, len(alphas_cumprod), (budget.batch_size,), generator=generator)
         else:
-            t = torch.multinomial(timestep_weights, batch_size, replacement=True, generator=generator)
+            t = torch.multinomial(timestep_weights, budget.batch_size, replacement=True, generator=generator)
         noise = torch.randn(z0.shape, generator=generator)
         a = alphas_cumprod[t].view(-1, 1, 1, 1)
         zt = a.sqrt() * z0 + (1 - a).sqrt() * noise  # q(z_t | z_0)
         prediction = unet(zt, t, encoder_hidden_states=text_encoder(tokens)[0]).sample
         return F.mse_loss(prediction, noise)  # L_simple
 
-    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
+    return train_and_save(
+        training, loss_fn, log, start, pipeline, out, budget.max_minutes, budget.snapshot_every
+    )
 
 
 def _sd_modules(
@@ -341,18 +351,13 @@ def _x0_from_eps(sample: torch.Tensor, eps: torch.Tensor, alpha_bar: torch.Tenso
 def train_lcm(
     teacher,
     out: str | Path | None = None,
-    steps: int = 2000,
-    batch_size: int = 64,
-    lr: float = 2e-4,
-    num_images: int = 20000,
-    seed: int = 0,
+    *,
+    budget: TrainBudget = LCM_BUDGET,
     num_ddim_timesteps: int = 50,
     w_min: float = 2.0,
     w_max: float = 6.0,
-    ema_decay: float = 0.95,
     time_cond_proj_dim: int = 64,
-    log_every: int = 100,
-    max_minutes: float | None = None,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Latent Consistency Distillation of an SD pipeline (Luo et al. 2023, Algorithm 1).
 
@@ -367,12 +372,17 @@ def train_lcm(
     a guidance-embedding input (``time_cond_proj_dim``, :func:`guidance_scale_embedding` of
     ``w``) whose projection starts at zero, so it starts as the teacher. The saved UNet is the EMA
     target ``theta^-``; the pipeline samples with ``guidance_scale = 1 + w``.
+
+    The budget (default :data:`LCM_BUDGET`) and its keywords ``steps``, ``batch_size``, ``lr``,
+    ``num_images``, ``seed``, ``log_every``, ``max_minutes`` and ``ema_decay`` are
+    :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
     from diffusers import LatentConsistencyModelPipeline, LCMScheduler
 
     from genalign.tiny.diffusion import sd_layout_pipeline
 
-    torch.manual_seed(seed)
+    budget = recipe_budget("train_lcm", budget, budget_keywords, unused=("snapshot_every",))
+    torch.manual_seed(budget.seed)
     teacher_unet, text_encoder, tokenizer, vae = (
         teacher.unet,
         teacher.text_encoder,
@@ -381,33 +391,33 @@ def train_lcm(
     )
     for module in (teacher_unet, text_encoder, vae):
         module.requires_grad_(False).eval()
-    images, captions = toy_dataset(num_images, seed=seed + 2000)
+    images, captions = toy_dataset(budget.num_examples, seed=budget.seed + 2000)
     latents = encode_latents(vae, images) * vae.config.scaling_factor
     table, caption_index, empty = _caption_table(text_encoder, tokenizer, captions)
     student = _lcm_student(teacher_unet, time_cond_proj_dim)
     # theta^-: the EMA of the student (constant decay), refreshed after every step
     training = AveragedTraining.of(
-        [student], lr, steps, ema_decay, max_warmup=100, weight_decay=0.0, warm_ema=False
+        [student], budget.lr, budget.steps, budget.ema_decay, max_warmup=100, weight_decay=0.0, warm_ema=False
     )
     (target,) = training.averaged
 
     alphas_cumprod = teacher.scheduler.alphas_cumprod.float()
     skip = len(alphas_cumprod) // num_ddim_timesteps
     ddim_timesteps = torch.arange(1, num_ddim_timesteps + 1) * skip - 1  # t_1 .. t_N (as LCMScheduler)
-    generator = torch.Generator().manual_seed(seed)
-    log = TrainingLog(log_every, steps, "toy-lcm")
+    generator = torch.Generator().manual_seed(budget.seed)
+    log = TrainingLog(budget.log_every, budget.steps, "toy-lcm")
     start = time.time()
 
     def loss_fn(step: int) -> torch.Tensor:
-        index = torch.randint(len(latents), (batch_size,), generator=generator)
+        index = torch.randint(len(latents), (budget.batch_size,), generator=generator)
         z0 = latents[index]
         cond = table[caption_index[index]]
-        n = torch.randint(0, num_ddim_timesteps, (batch_size,), generator=generator)
+        n = torch.randint(0, num_ddim_timesteps, (budget.batch_size,), generator=generator)
         t_start = ddim_timesteps[n]
         t_end = (t_start - skip).clamp(min=0)
         a_start = alphas_cumprod[t_start].view(-1, 1, 1, 1)
         a_end = torch.where(t_start - skip >= 0, alphas_cumprod[t_end], alphas_cumprod[0]).view(-1, 1, 1, 1)
-        w = w_min + (w_max - w_min) * torch.rand(batch_size, generator=generator)
+        w = w_min + (w_max - w_min) * torch.rand(budget.batch_size, generator=generator)
         w_embedding = guidance_scale_embedding(w, time_cond_proj_dim)
         noise = torch.randn(z0.shape, generator=generator)
         z_start = a_start.sqrt() * z0 + (1 - a_start).sqrt() * noise
@@ -436,7 +446,7 @@ def train_lcm(
         return pipe, sd_layout_parameters(pipe)
 
     return train_and_save(
-        training, loss_fn, log, start, pipeline, out, max_minutes, after_step=refresh_target
+        training, loss_fn, log, start, pipeline, out, budget.max_minutes, after_step=refresh_target
     )
 
 
