@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from genalign.toy.generators.budget import TrainBudget, recipe_budget
 from genalign.toy.generators.build import toy_tokenizer
 from genalign.toy.generators.data import random_crop
 from genalign.toy.training import TrainingLog, optimise_module, parameter_count
@@ -45,6 +46,8 @@ VAE_DIM_MULT = (1, 2, 2)  # two 2x spatial downsamplings: 48 px -> 12 x 12
 VAE_Z_DIM = 8
 VIDEO_KL_WEIGHT = 1e-6  # Stable Diffusion's autoencoder KL weight, as the image VAE's
 WHITE = 0.9  # in [-1, 1]: a pixel with a channel below it is part of a shape (the background is 1)
+# train_video_vae's default budget (the fields: TrainBudget; num_examples: its num_videos)
+VIDEO_VAE_BUDGET = TrainBudget(steps=600, batch_size=6, lr=1e-3, num_examples=1500, log_every=50)
 
 
 # -- parts ------------------------------------------------------------------------------------------
@@ -190,18 +193,14 @@ def set_latent_statistics(vae, videos: torch.Tensor) -> None:
 
 def train_video_vae(
     out: str | Path | None = None,
-    steps: int = 600,
-    batch_size: int = 6,
-    lr: float = 1e-3,
-    num_videos: int = 1500,
-    seed: int = 0,
+    *,
+    budget: TrainBudget = VIDEO_VAE_BUDGET,
     kl_weight: float = VIDEO_KL_WEIGHT,
     crop: int = 32,
     base_dim: int = 8,
-    max_minutes: float | None = None,
-    log_every: int = 50,
     init: str | Path | None = None,
     foreground_weight: float = 5.0,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train the video autoencoder on toy videos of train prompts (reconstruction L1 + L2 and a
     small KL term: the Stable Diffusion autoencoder objective of Rombach et al. 2022, Sec. 3.1,
@@ -214,19 +213,26 @@ def train_video_vae(
     reconstruction error and the verifier's accuracy on reconstructions
     (:func:`reconstruction_accuracy`). With ``init`` (a folder it wrote) training continues from
     that autoencoder. Returns ``(vae, info)``.
+
+    The budget (default :data:`VIDEO_VAE_BUDGET`) and its keywords ``steps``, ``batch_size``,
+    ``lr``, ``num_videos``, ``seed``, ``log_every`` and ``max_minutes`` are
+    :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
     from diffusers import AutoencoderKLWan
 
-    torch.manual_seed(seed)
+    budget = recipe_budget(
+        "train_video_vae", budget, budget_keywords, data="num_videos", unused=("ema_decay", "snapshot_every")
+    )
+    torch.manual_seed(budget.seed)
     start = time.time()
-    videos, _ = toy_video_dataset(num_videos, seed=seed)
+    videos, _ = toy_video_dataset(budget.num_examples, seed=budget.seed)
     vae = AutoencoderKLWan.from_pretrained(str(init)) if init else build_video_vae(base_dim=base_dim)
     factor = 2 ** (len(vae.config.dim_mult) - 1)  # the spatial compression
-    generator = torch.Generator().manual_seed(seed)
-    log = TrainingLog(log_every, steps, "video-vae")
+    generator = torch.Generator().manual_seed(budget.seed)
+    log = TrainingLog(budget.log_every, budget.steps, "video-vae")
 
     def loss_fn(step: int) -> torch.Tensor:
-        index = torch.randint(len(videos), (batch_size,), generator=generator)
+        index = torch.randint(len(videos), (budget.batch_size,), generator=generator)
         x = random_crop(to_video_model_range(videos[index]), crop, factor, generator)  # (B, 3, F, H, W)
         mean, std = encode_frames(vae, x)
         z = mean + std * torch.randn(mean.shape, generator=generator)
@@ -238,7 +244,9 @@ def train_video_vae(
         error = (reconstruction - x).abs()
         return (weight * (error + error**2)).mean() / weight.mean() + kl_weight * kl
 
-    done = optimise_module(vae, loss_fn, lr, steps, log, max_warmup=50, max_minutes=max_minutes)
+    done = optimise_module(
+        vae, loss_fn, budget.lr, budget.steps, log, max_warmup=50, max_minutes=budget.max_minutes
+    )
     set_latent_statistics(vae, videos[:256])
     info = {
         "steps": done,
@@ -247,7 +255,7 @@ def train_video_vae(
         "kl_weight": kl_weight,
         "foreground_weight": foreground_weight,
         "train_seconds": round(time.time() - start, 1),
-        **reconstruction_accuracy(vae, seed=seed + 1),
+        **reconstruction_accuracy(vae, seed=budget.seed + 1),
     }
     if out is not None:
         vae.save_pretrained(str(out))

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from genalign.policies.video_kv_cache import forcing_forward
+from genalign.toy.generators.budget import TrainBudget, recipe_budget
 from genalign.toy.generators.build import clip_text_encoder
 from genalign.toy.generators.train import train_and_save
 from genalign.toy.generators.video import (
@@ -41,6 +42,8 @@ from genalign.toy.video.data import toy_video_dataset
 
 NUM_TRAIN_TIMESTEPS = 1000
 TIMESTEP_SHIFT = 5.0  # the ar_video policy's (Self-Forcing's) schedule shift
+# train_ar_video's default budget (the fields: TrainBudget; num_examples: its num_videos)
+AR_VIDEO_BUDGET = TrainBudget(steps=4000, batch_size=16, lr=1e-3, num_examples=3000, ema_decay=0.995)
 
 
 def diffusion_forcing_timesteps(
@@ -134,17 +137,11 @@ def train_ar_video(
     vae,
     clip_text: str | Path,
     out: str | Path | None = None,
-    steps: int = 4000,
-    batch_size: int = 16,
-    lr: float = 1e-3,
-    num_videos: int = 3000,
-    seed: int = 0,
-    ema_decay: float = 0.995,
+    *,
+    budget: TrainBudget = AR_VIDEO_BUDGET,
     width: int = 128,
     num_layers: int = 4,
-    max_minutes: float | None = None,
-    log_every: int = 100,
-    snapshot_every: int | None = None,
+    **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train toy-ar-video's block-causal transformer from scratch on the latents of
     ``num_videos`` toy videos of train prompts (:func:`toy_video_dataset`), conditioned on the
@@ -152,8 +149,13 @@ def train_ar_video(
     :func:`diffusion_forcing_loss`, AdamW and an EMA of the weights (saved). ``vae``: a trained
     ``AutoencoderKLWan`` (:func:`~genalign.toy.generators.video.train_video_vae`). The data's
     encoding counts in ``train_seconds``. Returns ``(pipeline, info)``.
+
+    The budget (default :data:`AR_VIDEO_BUDGET`) and its keywords ``steps``, ``batch_size``,
+    ``lr``, ``num_videos``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and
+    ``snapshot_every`` are :class:`~genalign.toy.generators.budget.TrainBudget`'s.
     """
-    torch.manual_seed(seed)
+    budget = recipe_budget("train_ar_video", budget, budget_keywords, data="num_videos")
+    torch.manual_seed(budget.seed)
     start = time.time()
     tokenizer = video_tokenizer()
     text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False).eval()
@@ -161,17 +163,19 @@ def train_ar_video(
         text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers
     )
     pipe = video_pipeline(vae.eval(), text_encoder, tokenizer, transformer)
-    videos, captions = toy_video_dataset(num_videos, seed=seed + 3000)
+    videos, captions = toy_video_dataset(budget.num_examples, seed=budget.seed + 3000)
     latents = video_latents(vae, videos)  # (N, C, F, h, w), standardised
     embeds = prompt_embeddings(pipe, captions)  # (N, L, D)
     del videos
-    training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=200)
+    training = AveragedTraining.of([transformer], budget.lr, budget.steps, budget.ema_decay, max_warmup=200)
     transformer.train()
-    log = TrainingLog(log_every, steps, "toy-ar-video")
-    loss_fn = minibatch_forcing_loss(transformer, latents, embeds, batch_size, seed)
+    log = TrainingLog(budget.log_every, budget.steps, "toy-ar-video")
+    loss_fn = minibatch_forcing_loss(transformer, latents, embeds, budget.batch_size, budget.seed)
 
     def pipeline(average) -> tuple[Any, dict[str, Any]]:
         parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
         return video_pipeline(vae, text_encoder, tokenizer, average), parameters
 
-    return train_and_save(training, loss_fn, log, start, pipeline, out, max_minutes, snapshot_every)
+    return train_and_save(
+        training, loss_fn, log, start, pipeline, out, budget.max_minutes, budget.snapshot_every
+    )
