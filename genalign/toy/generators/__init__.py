@@ -25,7 +25,8 @@ samples held-out prompts with fixed seeds and scores them with ShapesEval.
 Modules: ``build`` (tokenizer, text encoders, VAE, UNet, SD3 transformer), ``data`` (renders and
 captions), ``train`` (VAE, toy-sd, toy-lcm), ``flow`` (toy-flow), ``evaluate`` (ShapesEval of a
 generator), ``card`` (model cards) and ``cli``; the loop, EMA and schedule they share are
-:mod:`genalign.toy.training`.
+:mod:`genalign.toy.training`, and the training budget every recipe takes (steps, batch size,
+learning rate, data, seed, ...: :class:`TrainBudget`) is ``budget``.
 
 ``toy-ar-video`` (issue #26), the ``ar_video`` family's toy: a ``SkyReelsV2DiffusionForcingPipeline``
 of the toy video world (``genalign.toy.video``) -- ``video`` (its parts and its Wan autoencoder,
@@ -39,6 +40,7 @@ commands used for the shipped models are in ``assets/models/<name>/README.md``.
 
 from __future__ import annotations
 
+from genalign.toy.generators.budget import TrainBudget
 from genalign.toy.generators.build import (
     IMAGE_SIZE,
     TOKEN_LENGTH,
@@ -87,6 +89,7 @@ __all__ = [
     "SD_KL_WEIGHT",
     "TOKEN_LENGTH",
     "RepeatedTokenJointAttention",
+    "TrainBudget",
     "add_text_pooling",
     "build_sd3_transformer",
     "build_text_encoder",
