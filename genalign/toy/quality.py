@@ -211,19 +211,15 @@ def _save_png(image: torch.Tensor, path: Path) -> None:
 
 
 def write_quality_set(
-    out: str | Path,
-    split: str = "heldout",
-    scenes: int = 24,
-    seed: int = 1,
-    degradation_seed: int = 0,
-    levels: str = "whole",
-    num_levels: int = LEVELS,
+    out: str | Path, split: str = "heldout", *, seed: int = 1, degradation_seed: int = 0, **renders: Any
 ) -> tuple[Path, Path]:
     """Write ``images/``, ``mos.jsonl`` and ``pairs.jsonl`` (module docstring) under ``out``;
-    returns the two JSONL paths. ``levels``, ``num_levels``: :func:`quality_renders`."""
+    returns the two JSONL paths. The images are :func:`quality_renders` of ``split`` and ``seed``
+    (held-out scenes by default); ``renders`` are its other keywords (``scenes``, ``size``,
+    ``levels``, ``num_levels``), with its defaults. ``degradation_seed`` seeds the copies."""
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    images, mos, records = quality_renders(split, scenes, seed, levels=levels, num_levels=num_levels)
+    images, mos, records = quality_renders(split=split, seed=seed, **renders)
     mos_rows, pair_rows = [], []
     for index, (image, score, record) in enumerate(zip(images, mos, records)):
         stem = f"images/scene{record['scene']}_{record['category']}{record['index']}"
@@ -271,7 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     paths = write_quality_set(
-        args.out, args.split, args.scenes, args.seed, args.degradation_seed, args.levels, args.num_levels
+        args.out,
+        args.split,
+        seed=args.seed,
+        degradation_seed=args.degradation_seed,
+        scenes=args.scenes,
+        levels=args.levels,
+        num_levels=args.num_levels,
     )
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0
