@@ -186,9 +186,7 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         global_scores = context.gather(scores.to(context.device)).cpu()
         global_copy = torch.arange(len(prompts)) >= originals
         details["answer_unparsed"] = float(torch.isnan(global_scores).sum())
-        if (
-            options.rank_weight > 0
-        ):  # VisualQuality-R1's ranking term: each score against the step's other images
+        if options.rank_weight > 0:  # VisualQuality-R1's: each image's scores against the others'
             global_mos = context.gather(mos.to(context.device)).cpu()
             keep = ~global_copy
             ranking = torch.zeros_like(global_scores)
