@@ -197,7 +197,8 @@ class ARVideoPolicy(DiffusionPolicy):
             if window_start > 0:
                 with torch.no_grad():
                     cache.run(latents[:, :, :window_start], timesteps[:, :window_start], embeds, write=True)
-            window = latents[:, :, window_start:]
+            # a copy: a view would keep the whole video's latents alive in the saved graph
+            window = latents[:, :, window_start:].clone()
             velocity = cache.run(window, timesteps[:, window_start:], embeds, write=False).float()
         sigma = (timesteps[:, window_start:] / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
         return window.float() - sigma * velocity

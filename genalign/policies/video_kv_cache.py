@@ -169,7 +169,9 @@ class VideoKVCache:
         cos, sin = self.transformer.rope(shape_only)
         tokens = (num_frames // patch_t) * (height // self.transformer.config.patch_size[1])
         tokens *= width // self.transformer.config.patch_size[2]
-        return cos[:, -tokens:], sin[:, -tokens:]
+        # copies: views would keep the whole length's table alive in the graph a streaming window
+        # saves for backward (memory growing with the detached history, #26 item 8)
+        return cos[:, -tokens:].clone(), sin[:, -tokens:].clone()
 
     def _window_mask(
         self, num_frames: int, tokens_per_frame: int, device: torch.device

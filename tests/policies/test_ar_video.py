@@ -216,3 +216,38 @@ def test_a_streaming_window_under_the_local_window_equals_its_full_forward(polic
         unwindowed = windowed.predict_video_x0(latents, timesteps, conditioning)
     torch.testing.assert_close(unwindowed[:, :, :6], full[:, :, :6], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(unwindowed[:, :, 6:], full[:, :, 6:], atol=1e-3)
+
+
+def _saved_bytes(policy, forward) -> int:
+    """Bytes autograd saves for backward in ``forward()``, each storage once, parameters left out."""
+    held = {p.untyped_storage().data_ptr() for p in policy.denoiser.parameters()}
+    seen = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in held:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward()
+    return sum(seen.values())
+
+
+def test_a_streaming_window_under_the_local_window_saves_nothing_that_grows_with_the_history(
+    policy, windowed
+):
+    # once the history fills the window's span the cache is bounded, so what the window keeps for
+    # backward must not depend on the history's length: no view of the whole video's latents or
+    # of the whole length's rotary table may reach the saved tensors
+    conditioning = windowed.encode_prompts(PROMPTS[:1], 1.0, "")
+
+    def saved(frames: int) -> int:
+        latents = torch.randn(1, 4, frames, 8, 8, generator=torch.Generator().manual_seed(9))
+        timesteps = torch.full((1, frames), 625.0)
+        return _saved_bytes(
+            windowed, lambda: windowed.predict_window_x0(latents, timesteps, conditioning, frames - 2)
+        )
+
+    short, long = saved(8), saved(24)
+    assert short > 0 and short == long
