@@ -22,6 +22,7 @@ def benchmark_module():
             sys.path.insert(0, str(BENCHMARKS))
         spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it, as an import does (dataclasses look it up)
         spec.loader.exec_module(module)
         return module
 

@@ -87,10 +87,11 @@ def build_video_transformer(
     head_dim: int = 32,
     block_size: int = 2,
     patch: int = 4,
+    rope_max_seq_len: int = 64,
 ):
     """A small block-causal ``SkyReelsV2Transformer3DModel``: patches of 1 x ``patch`` x ``patch``
     latents (a 12 x 12 latent frame is 9 tokens), ``width / head_dim`` heads, blocks of
-    ``block_size`` latent frames."""
+    ``block_size`` latent frames; rotary positions for up to ``rope_max_seq_len`` latent frames."""
     from diffusers import SkyReelsV2Transformer3DModel
 
     if width % head_dim:
@@ -106,7 +107,7 @@ def build_video_transformer(
         ffn_dim=2 * width,
         num_layers=num_layers,
         cross_attn_norm=True,
-        rope_max_seq_len=64,
+        rope_max_seq_len=rope_max_seq_len,
         num_frame_per_block=block_size,
     )
 
