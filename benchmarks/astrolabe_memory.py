@@ -23,7 +23,7 @@ random 16 x 64 prompt embeddings (toy-clip's text tower's shape). Columns per (m
   holds depends on the attention kernel (CPU's keeps different tensors than CUDA's flash kernel);
 * ``cache MiB``: the keys and values the KV cache holds when the window runs (the detached
   history; 0 without a cache), and ``cache peak``: the most it held at any point of the forward
-  (before eviction, under a local window, the history's prefill holds all of its frames at once);
+  (the history is prefilled block by block, so under a local window it stays within the span);
 * ``peak MiB``: on CUDA the rise of ``torch.cuda.max_memory_allocated`` over the call (a separate
   call, no hooks); on CPU the rise of the process's resident set (``_timing.peak_memory``), rough
   and noisy (allocator reuse, other threads): a GPU run gives the real reading;

@@ -181,8 +181,9 @@ class ARVideoPolicy(DiffusionPolicy):
         window_start: int,
     ) -> torch.Tensor:
         """x0 of the window frames ``latents[:, :, window_start:]`` only (``[B, C, F_w, h, w]``),
-        the frames before it a detached history: they run once without gradient into a KV cache,
-        the window attends to it. Values equal :meth:`predict_video_x0`'s on the window; gradients
+        the frames before it a detached history: they run block by block without gradient into a
+        KV cache (under :attr:`local_window` it evicts what no later block sees, so its size stays
+        bounded at any history length), the window attends to it. Values equal :meth:`predict_video_x0`'s on the window; gradients
         reach only the window's own computation, so training memory follows the window's length.
         ``window_start`` must be a multiple of the block size."""
         if window_start % self.block_size or not 0 <= window_start < latents.shape[2]:
@@ -194,9 +195,10 @@ class ARVideoPolicy(DiffusionPolicy):
         latents = latents.to(self.device, self.model_dtype)
         timesteps = timesteps.to(self.device, torch.float32)
         with block_kv_cache(self.denoiser, self.local_window) as cache:
-            if window_start > 0:
-                with torch.no_grad():
-                    cache.run(latents[:, :, :window_start], timesteps[:, :window_start], embeds, write=True)
+            with torch.no_grad():  # block by block: the prefill's peak follows a block, not the history
+                for start in range(0, window_start, self.block_size):
+                    stop = start + self.block_size
+                    cache.run(latents[:, :, start:stop], timesteps[:, start:stop], embeds, write=True)
             # a copy: a view would keep the whole video's latents alive in the saved graph
             window = latents[:, :, window_start:].clone()
             velocity = cache.run(window, timesteps[:, window_start:], embeds, write=False).float()

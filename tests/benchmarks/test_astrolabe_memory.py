@@ -36,8 +36,8 @@ def test_a_streaming_window_under_the_local_window_is_flat_from_2w_to_8w(rows):
     # once the history fills the local span nothing it saves depends on the length
     assert rows["window_local", 4].saved_bytes == long.saved_bytes
     assert rows["window_local", 4].cache_bytes == long.cache_bytes > 0
-    # the history's prefill holds all of its frames before evicting (peak, not saved for backward)
-    assert long.cache_peak_bytes > 3 * short.cache_peak_bytes
+    # the history is prefilled block by block, so the cache never holds more than its span
+    assert long.cache_peak_bytes == short.cache_peak_bytes > 0
 
 
 @pytest.mark.xfail(
