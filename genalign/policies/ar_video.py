@@ -183,9 +183,10 @@ class ARVideoPolicy(DiffusionPolicy):
         """x0 of the window frames ``latents[:, :, window_start:]`` only (``[B, C, F_w, h, w]``),
         the frames before it a detached history: they run block by block without gradient into a
         KV cache (under :attr:`local_window` it evicts what no later block sees, so its size stays
-        bounded at any history length), the window attends to it. Values equal :meth:`predict_video_x0`'s on the window; gradients
-        reach only the window's own computation, so training memory follows the window's length.
-        ``window_start`` must be a multiple of the block size."""
+        bounded at any history length), the window attends to it. Values equal
+        :meth:`predict_video_x0`'s on the window; gradients reach only the window's own
+        computation, so training memory follows the window's length. ``window_start`` must be a
+        multiple of the block size."""
         if window_start % self.block_size or not 0 <= window_start < latents.shape[2]:
             raise ValueError(
                 f"window_start {window_start} must be a multiple of the block size {self.block_size} "
