@@ -37,11 +37,13 @@ __all__ = [
     "astrolabe_advantages",
     "astrolabe_loss",
     "astrolabe_old_policy_decay",
+    "draw_window_start",
     "flow_forward_noise",
     "frame_timesteps",
     "masked_sample_mean",
     "sample_noise_level",
     "soft_update_",
+    "window_pixel_frames",
 ]
 
 # The rollout grid of every Wan config (``sample.denoising_step_list``), of which training draws one.
@@ -81,6 +83,35 @@ def sample_noise_level(
     index = int(torch.randint(len(timesteps), (1,), generator=generator).item())
     timestep = int(timesteps[index])
     return timestep, timestep / num_train_timesteps
+
+
+def draw_window_start(
+    generator: torch.Generator | None, num_frames: int, window_frames: int, block_size: int
+) -> int:
+    """A streaming window's first latent frame, uniform over the block starts that fit.
+
+    The window ``[start, start + window_frames)`` must lie inside ``num_frames`` latent frames and
+    start at a block, so the candidates are ``0, k, 2k, ...`` up to ``num_frames - window_frames``
+    (each equally likely: the released streaming config's ``window_selection = "random_choice"``).
+    A window as long as the video, or longer, starts at 0.
+    """
+    if block_size <= 0 or window_frames <= 0:
+        raise ValueError(f"block_size {block_size} and window_frames {window_frames} must be positive")
+    choices = max(num_frames - window_frames, 0) // block_size + 1
+    return int(torch.randint(choices, (1,), generator=generator).item()) * block_size
+
+
+def window_pixel_frames(start: int, stop: int, temporal_factor: int) -> tuple[int, int]:
+    """Pixel frames ``[first, end)`` decoded from latent frames ``[start, stop)`` of a causal video
+    VAE that keeps the first frame alone and packs ``temporal_factor`` frames into each later
+    latent frame (Wan: 4, so 21 latent frames are 81 pixel frames; a VAE without temporal
+    compression: 1, the identity)."""
+    if not 0 <= start < stop or temporal_factor < 1:
+        raise ValueError(
+            f"latent frames [{start}, {stop}) and temporal factor {temporal_factor} are not a window"
+        )
+    first = 0 if start == 0 else 1 + (start - 1) * temporal_factor
+    return first, 1 + (stop - 1) * temporal_factor
 
 
 def frame_timesteps(

@@ -107,6 +107,11 @@ class ARVideoPolicy(DiffusionPolicy):
         return int(self.denoiser.config.num_frame_per_block)
 
     @property
+    def temporal_factor(self) -> int:
+        """Pixel frames per latent frame after the first (the VAE's temporal compression; Wan: 4)."""
+        return int(self.pipeline.vae_scale_factor_temporal)
+
+    @property
     def max_sequence_length(self) -> int:
         """Text tokens per prompt: Wan's 512, or fewer when the tokenizer holds fewer."""
         return int(min(512, self.pipeline.tokenizer.model_max_length))

@@ -173,6 +173,11 @@ class AstrolabeConfig:
     released script): train only a window of this many latent frames (a multiple of the block
     size), its start drawn per loss call among the block starts, the frames before it a detached
     history (:meth:`genalign.policies.ARVideoPolicy.predict_window_x0`); None: the whole video.
+    ``window_per_step`` (the released streaming config's window-level reward, whose training
+    script is not public): one window start per training step instead, drawn uniformly among the
+    block starts with ``num_latent_frames`` the longest video (the config's ``sample_frames``);
+    rollouts stop at the window's end, the reward scores the window's frames only, and every loss
+    call of the step trains that window.
 
     Selective KL (``selective_kl``; the released multi-reward runs' ``use_select_kl``, "GARDO";
     :mod:`genalign.algorithms.selective_kl`): the KL applies only to the samples whose rank under
@@ -185,6 +190,7 @@ class AstrolabeConfig:
 
     num_latent_frames: int | None = None
     window_frames: int | None = None
+    window_per_step: bool = False
     timesteps: list[int] = field(default_factory=lambda: [1000, 750, 500, 250])
     beta: float = 0.1
     kl_weight: float = 1e-4
@@ -203,6 +209,12 @@ class AstrolabeConfig:
         self._check_selective_kl()
         if self.num_latent_frames is not None:
             _positive("astrolabe", self, "num_latent_frames")
+        if self.window_frames is not None:
+            _positive("astrolabe", self, "window_frames")
+        if self.window_per_step and self.window_frames is None:
+            raise ConfigError(
+                "train.astrolabe.window_per_step draws one streaming window per step: it needs train.astrolabe.window_frames"
+            )
         if not self.timesteps or any(not 0 < int(t) <= 1000 for t in self.timesteps):
             raise ConfigError(f"train.astrolabe.timesteps must be levels in (0, 1000], got {self.timesteps}")
         _positive("astrolabe", self, "beta", "advantage_clip")

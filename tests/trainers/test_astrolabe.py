@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from genalign.algorithms.astrolabe import draw_window_start, window_pixel_frames
 from genalign.algorithms.nft import nft_loss_in_x0
 from genalign.config import ConfigError
 from genalign.policies import load_policy, video_kv_cache
@@ -143,8 +144,7 @@ def test_a_streaming_window_trains_the_window_against_a_detached_history(video_p
     for call in range(6):
         windowed.begin_step(0)
         windowed.calls = call
-        (timestep, t), start = windowed._draws(6)
-        start -= start % 2
+        (timestep, t), start = windowed._draws(6, 2)
         value, metrics = windowed(policy, trajectory, torch.zeros(2, dtype=torch.long), advantages)
         assert float(metrics["astrolabe_window_start"]) == start
         starts.add(start)
@@ -171,6 +171,67 @@ def test_a_streaming_window_trains_the_window_against_a_detached_history(video_p
         )
         torch.testing.assert_close(value.detach(), per_sample.mean(), atol=1e-5, rtol=1e-4)
     assert len(starts) > 1 and starts <= {0, 2, 4}
+
+
+def test_window_starts_are_uniform_over_the_block_starts_and_pixel_frames_follow_the_vae():
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(
+        torch.tensor([draw_window_start(generator, 8, 4, 2) for _ in range(3000)]), minlength=5
+    )
+    # starts 0, 2, 4 (a window of 4 in 8 frames, blocks of 2), a third each; never off a block
+    assert counts[[1, 3]].sum() == 0 and (counts[[0, 2, 4]] - 1000).abs().max() < 100
+    assert draw_window_start(generator, 4, 6, 2) == 0  # a window longer than the video
+    # Wan: the first latent frame is one pixel frame, each later one four
+    assert window_pixel_frames(0, 21, 4) == (0, 81)
+    assert window_pixel_frames(3, 6, 4) == (9, 21)
+    assert window_pixel_frames(2, 4, 1) == (2, 4)
+    with pytest.raises(ValueError, match=r"latent frames \[3, 3\)"):
+        window_pixel_frames(3, 3, 4)
+
+
+def test_a_window_per_step_is_rolled_out_scored_and_trained_as_one(tmp_path, monkeypatch):
+    """``window_per_step``: one window a step, keyed by (seed, step); the rollout stops at its end,
+    the reward sees only its pixel frames, and every loss call of the step trains it."""
+    from genalign.trainers import build_trainer
+    from genalign.trainers.strategies.astrolabe import WINDOW_KEY
+
+    overrides = [
+        f"logging.run_dir={tmp_path}/run",
+        "train.astrolabe.num_latent_frames=8",
+        "train.astrolabe.window_frames=4",
+        "train.astrolabe.window_per_step=true",
+        "train.timestep_fraction=1.0",
+    ]
+    trainer = build_trainer(load_recipe(RECIPE, overrides), base_dir=RECIPE.parent)
+    scored = []
+    reward = trainer.reward
+    monkeypatch.setattr(
+        trainer,
+        "reward",
+        lambda outputs, prompts, **m: scored.append(outputs) or reward(outputs, prompts, **m),
+    )
+    windows, starts = [], set()
+    for step in range(6):
+        window = trainer.strategy.step_window(trainer.policy, step)
+        assert window == trainer.strategy.step_window(trainer.policy, step)  # a function of (seed, step)
+        windows.append(window)
+    assert {start for start, _ in windows} <= {0, 2, 4} and len({start for start, _ in windows}) > 1
+    assert all(stop == start + 4 for start, stop in windows)
+    batch = trainer.strategy.collect(trainer.rollout_context(), 3)
+    start, stop = windows[3]
+    trajectory = batch.trajectory
+    assert trajectory.extras[WINDOW_KEY] == (start, stop) and trajectory.latents.shape[-3] == stop
+    first, end = window_pixel_frames(start, stop, trainer.policy.temporal_factor)
+    assert torch.equal(scored[-1], trajectory.images[:, first:end])  # the window's frames only
+    trainer.loss.begin_step(3)
+    for _ in range(3):
+        _, metrics = trainer.loss(
+            trainer.policy, trajectory.select([0, 1]), torch.zeros(2, dtype=torch.long), batch.advantages[:2]
+        )
+        starts.add(float(metrics["astrolabe_window_start"]))
+    assert starts == {float(start)}
+    with pytest.raises(ConfigError, match="window_per_step .* needs train.astrolabe.window_frames"):
+        load_recipe(RECIPE, [f"logging.run_dir={tmp_path}/bad", "train.astrolabe.window_per_step=true"])
 
 
 def test_model_local_window_reaches_the_policy_and_bad_values_name_the_key(tmp_path, monkeypatch):

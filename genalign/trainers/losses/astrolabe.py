@@ -21,7 +21,10 @@ steps (the official ``return_decay``, applied after each epoch of rollouts). It 
 Streaming windows (``train.astrolabe.window_frames``; the paper's, not in the released script):
 only a window of latent frames is predicted and trained, the frames before it run once without
 gradient as a KV-cached history (:meth:`~genalign.policies.ARVideoPolicy.predict_window_x0`), so
-activations are kept for the window alone; frames after the window are not run at all.
+activations are kept for the window alone; frames after the window are not run at all. The start
+is drawn per loss call, uniform over the block starts that fit; under
+``train.astrolabe.window_per_step`` it is the step's window, drawn by the strategy, whose reward
+scored that window only (the released streaming config's window-level reward).
 
 The level and the noise are drawn from generators keyed by ``(train.seed, training step, the
 loss call's index within the step)`` and ``(training step, sample seed, call index)``, so a run
@@ -47,6 +50,7 @@ import torch
 from genalign.algorithms.astrolabe import (
     astrolabe_loss,
     astrolabe_old_policy_decay,
+    draw_window_start,
     flow_forward_noise,
     frame_timesteps,
     sample_noise_level,
@@ -55,6 +59,7 @@ from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.forward_process import seeded_noise
 from genalign.trainers.losses.nft import NFTLoss
 from genalign.trainers.losses.selective_kl import KL_MASK_KEY, SelectiveKL
+from genalign.trainers.strategies.astrolabe import WINDOW_KEY
 from genalign.trainers.strategies.base import step_generator
 
 __all__ = ["AstrolabeLoss"]
@@ -124,16 +129,44 @@ class AstrolabeLoss(NFTLoss):
 
     def draw_level(self) -> tuple[int, float]:
         """This call's ``(timestep, t)``, keyed by (seed, step, call index)."""
-        return self._draws(1)[0]
+        return self._draws(1, 1)[0]
 
-    def _draws(self, num_frames: int) -> tuple[tuple[int, float], int]:
-        """This call's level and window start (0 without ``window_frames``), from one generator."""
+    def _draws(self, num_frames: int, block_size: int) -> tuple[tuple[int, float], int]:
+        """This call's level and window start (0 without ``window_frames``; uniform over the
+        block starts that fit, :func:`~genalign.algorithms.astrolabe.draw_window_start`), from one
+        generator."""
         generator = step_generator(self.config.seed, self.current_step, self.calls)
         level = sample_noise_level(generator, [int(t) for t in self.options.timesteps])
         window = self.options.window_frames
         if window is None or window >= num_frames:
             return level, 0
-        return level, int(torch.randint(num_frames - window + 1, (1,), generator=generator))
+        return level, draw_window_start(generator, num_frames, window, block_size)
+
+    def _window(self, policy, trajectory, num_frames: int) -> tuple[tuple[int, float], int, int]:
+        """This call's level and the frames ``[start, stop)`` it trains: the whole video, a window
+        drawn for this call, or under ``window_per_step`` the step's window (the rollout's end)."""
+        options = self.options
+        level, start = self._draws(num_frames, policy.block_size)
+        if options.window_frames is None:
+            return level, 0, num_frames
+        if options.window_per_step:
+            window = trajectory.extras.get(WINDOW_KEY)
+            if window is None:
+                raise ValueError(
+                    f"train.astrolabe.window_per_step: the minibatch carries no window (trajectory.extras[{WINDOW_KEY!r}]); "
+                    "the astrolabe strategy sets it"
+                )
+            start, stop = window
+            if stop != num_frames:
+                raise ValueError(
+                    f"the step's window [{start}, {stop}) does not end the {num_frames}-frame rollout"
+                )
+            return level, start, stop
+        if options.window_frames % policy.block_size:
+            raise ValueError(
+                f"train.astrolabe.window_frames {options.window_frames} must be a multiple of the model's block size {policy.block_size}"
+            )
+        return level, start, min(start + options.window_frames, num_frames)
 
     def _predict(self, policy, x_t, levels, conditioning, start: int, stop: int) -> torch.Tensor:
         """x0 predictions of frames ``start .. stop - 1``: the whole video, or a streaming window
@@ -148,9 +181,7 @@ class AstrolabeLoss(NFTLoss):
         options = self.options
         x0 = trajectory.latents[:, -1].float()  # (B, C, F, h, w) clean latent videos
         batch, num_frames = x0.shape[0], x0.shape[2]
-        (timestep, t), start = self._draws(num_frames)
-        start -= start % policy.block_size  # windows start at a block
-        stop = num_frames if options.window_frames is None else min(start + options.window_frames, num_frames)
+        (timestep, t), start, stop = self._window(policy, trajectory, num_frames)
         call = torch.full((batch,), self.calls, dtype=torch.long)
         self.calls += 1
         eps = seeded_noise(trajectory.seeds, call, x0.shape[1:], step=self.current_step).to(x0.device)
