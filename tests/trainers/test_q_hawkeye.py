@@ -249,7 +249,9 @@ def test_copies_are_rolled_out_as_their_own_groups_and_earn_the_pair_order_term(
     assert torch.equal(batch.trajectory.input_ids[:8], batch.trajectory.input_ids[8:])
     # rewards: the originals' are Q-Hawkeye's; the copies' have no accuracy term, plus 0.5 x below
     mos = pool.metadata["mos"][rows]
-    accuracy = torch.tensor([math.exp(-abs(a - float(m)) / 0.3) for a, m in zip([4.0, 3.0] * 2 + [2.0] * 4, mos)])
+    accuracy = torch.tensor(
+        [math.exp(-abs(a - float(m)) / 0.3) for a, m in zip([4.0, 3.0] * 2 + [2.0] * 4, mos)]
+    )
     format_ = torch.tensor([0.8] * 10 + [0.0] + [0.8] * 5)
     below = torch.tensor([0.0] * 8 + [1, 0, 0, 1] + [0] * 4)
     want = format_ + torch.cat([accuracy, torch.zeros(8)]) + 0.5 * below
