@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_eval_svg,
         _add_reno,
         _add_rlg,
+        _add_convert_ar_video,
     ):
         add_subcommand(sub)
     return parser
@@ -480,6 +481,37 @@ def _add_rlg(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--guidance-scale", type=float, default=None)
     _add_size_seed_device(p)
     p.set_defaults(func=cmd_rlg)
+
+
+def _add_convert_ar_video(sub: argparse._SubParsersAction) -> None:
+    from genalign.policies.ar_video_convert import WAN_T2V_1_3B
+
+    p = sub.add_parser(
+        "convert-ar-video",
+        help="turn a Self-Forcing / Causal Forcing / LongLive checkpoint into an ar_video model folder",
+    )
+    p.add_argument("checkpoint", help="the official .pt (or .safetensors) holding the causal Wan DiT")
+    p.add_argument("--out", required=True, help="the model folder to write (model.path of a recipe)")
+    p.add_argument(
+        "--base", default=WAN_T2V_1_3B, help="diffusers Wan2.1 folder for the VAE, text encoder, config"
+    )
+    p.add_argument("--block", type=int, default=3, help="latent frames per block (num_frame_per_block)")
+    p.add_argument(
+        "--key", default=None, help="checkpoint entry with the weights (default: generator_ema, generator)"
+    )
+    p.add_argument("--dtype", default=None, choices=DTYPES)
+    p.set_defaults(func=cmd_convert_ar_video)
+
+
+def cmd_convert_ar_video(args: argparse.Namespace) -> int:
+    import torch
+
+    from genalign.policies.ar_video_convert import convert_causal_wan
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    out = convert_causal_wan(args.checkpoint, args.out, args.base, args.block, args.key, dtype)
+    print(f"wrote {out} (load it with model.family: ar_video, model.path: {out})")
+    return 0
 
 
 def _cuda() -> bool:
