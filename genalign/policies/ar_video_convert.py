@@ -37,7 +37,7 @@ __all__ = ["WAN_T2V_1_3B", "causal_wan_state_dict", "convert_causal_wan"]
 WAN_T2V_1_3B = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 # Where the official trainers keep the generator's weights, in the order they are tried.
 GENERATOR_KEYS = ("generator_ema", "generator", "model", "state_dict")
-WRAPPER_PREFIXES = ("model.", "module.", "_orig_mod.")
+WRAPPER_PREFIXES = ("model.", "module.", "_orig_mod.", "diffusion_model.")
 
 
 def _is_state_dict(value: object) -> bool:
@@ -51,7 +51,8 @@ def causal_wan_state_dict(
 
     ``key`` names the entry holding them (None: the first of ``generator_ema``, ``generator``,
     ``model``, ``state_dict`` that is a state dict, or the checkpoint itself when it is one). The
-    wrapper prefixes (``model.``, ``module.``, ``_orig_mod.``) are stripped where every key has them.
+    wrapper prefixes (``model.``, ``module.``, ``_orig_mod.``, ``diffusion_model.``) are stripped
+    where every key has them.
     """
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 

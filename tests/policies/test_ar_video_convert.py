@@ -70,6 +70,9 @@ def test_the_original_names_map_back_onto_diffusers(base_and_source):
     converted = causal_wan_state_dict({"generator_ema": original})
     assert sorted(converted) == sorted(source)
     assert all(torch.equal(converted[k], source[k]) for k in source)
+    # a bare state dict under ComfyUI's prefix converts the same
+    bare = {f"model.diffusion_model.{to_original(k)}": v for k, v in source.items()}
+    assert sorted(causal_wan_state_dict(bare)) == sorted(source)
 
 
 def test_convert_writes_an_ar_video_folder_with_the_checkpoint_weights(base_and_source, tmp_path):
