@@ -18,7 +18,7 @@ from genalign.policies import TokenSettings
 from genalign.rewards import load_reward
 from genalign.toy.quality import TOY_QUESTION
 from genalign.trainers import build_trainer, load_recipe
-from genalign.trainers.losses.q_hawkeye import QHawkeyeLoss, degraded_trajectory
+from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, QHawkeyeLoss, degraded_trajectory
 from genalign.trainers.strategies import step_generator
 from genalign.trainers.strategies.svg import draw_indexed_groups
 
@@ -264,6 +264,19 @@ def test_copies_are_rolled_out_as_their_own_groups_and_earn_the_pair_order_term(
     plain = batch.trajectory.select(slice(8, 16))
     assert torch.equal(plain.model_inputs["pixel_values"], plain.extras["degraded:pixel_values"])
     assert len(seeds) == 8
+    # so the loss re-scores only the originals, and the copies' k3 is the 0 a re-scoring gives
+    trajectory = batch.trajectory.select([9, 2, 12, 5])  # copies, originals, mixed order
+    assert trajectory.extras[COPY_ROWS_KEY].tolist() == [True, False, True, False]
+    seen = []
+    log_prob = trainer.policy.log_prob
+    monkeypatch.setattr(trainer.policy, "log_prob", lambda t: seen.append(t.batch_size) or log_prob(t))
+    with torch.no_grad():
+        current = log_prob(trajectory)
+        skipped = trainer.loss.degraded_log_probs(trainer.policy, trajectory, current)
+        everything = log_prob(degraded_trajectory(trajectory))
+    assert seen == [2]  # one forward, of the two originals
+    torch.testing.assert_close(skipped, everything, atol=1e-5, rtol=0)
+    assert torch.equal(skipped[[0, 2]], current[[0, 2]])
 
 
 def test_the_perception_term_needs_the_degraded_copy(tmp_path):

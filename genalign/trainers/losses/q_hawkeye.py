@@ -35,9 +35,12 @@ from genalign.algorithms import cosine_annealed, perception_term
 from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.token_ppo import TokenPPOLoss
 
-__all__ = ["DEGRADED_PREFIX", "QHawkeyeLoss", "degraded_trajectory"]
+__all__ = ["COPY_ROWS_KEY", "DEGRADED_PREFIX", "QHawkeyeLoss", "degraded_trajectory"]
 
 DEGRADED_PREFIX = "degraded:"  # extras key prefix of the degraded image's model inputs
+# extras key of a bool [B]: the rows that are degraded copies (``train.q_hawkeye.copy_weight``),
+# shown the degraded image already, so their perception term is 0 and their re-scoring is skipped
+COPY_ROWS_KEY = "q_hawkeye:copy_rows"
 
 
 def degraded_trajectory(trajectory: Any) -> Any:
@@ -88,7 +91,7 @@ class QHawkeyeLoss(TokenPPOLoss):
         metrics["perception_gamma"] = torch.tensor(gamma)
         if gamma > 0:  # 0 once annealed: the degraded forward is skipped
             with torch.no_grad():
-                degraded = policy.log_prob(degraded_trajectory(trajectory))  # (B, L), a constant
+                degraded = self.degraded_log_probs(policy, trajectory, log_probs)  # (B, L), a constant
             term, k3 = perception_term(
                 log_probs,
                 degraded,
@@ -99,3 +102,18 @@ class QHawkeyeLoss(TokenPPOLoss):
             loss = loss + term
             metrics["perception_k3"] = k3
         return loss, metrics
+
+    @staticmethod
+    def degraded_log_probs(policy, trajectory, log_probs: torch.Tensor) -> torch.Tensor:
+        """Each row's completion re-scored with its degraded image. A copy row (``COPY_ROWS_KEY``)
+        is shown its degraded image already, so it keeps its own log-probs (d = 0, k3 = 0, as the
+        re-scoring would give) and only the other rows are run again."""
+        copies = trajectory.extras.get(COPY_ROWS_KEY)
+        if copies is None or not bool(copies.any()):
+            return policy.log_prob(degraded_trajectory(trajectory))
+        degraded = log_probs.detach().clone()
+        originals = (~copies.bool()).nonzero().flatten().tolist()
+        if originals:
+            rows = torch.tensor(originals, device=degraded.device)
+            degraded[rows] = policy.log_prob(degraded_trajectory(trajectory.select(originals))).to(degraded)
+        return degraded

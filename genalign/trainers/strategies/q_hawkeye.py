@@ -52,7 +52,7 @@ from genalign.algorithms import (
     thurstone_fidelity_rewards,
     uncertainty_aware_advantages,
 )
-from genalign.trainers.losses.q_hawkeye import DEGRADED_PREFIX
+from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, DEGRADED_PREFIX
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.strategies.base import (
     STRATEGIES,
@@ -177,6 +177,8 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         # a copy row is shown the degraded image, which is also its degraded input (perception
         # term 0), and has no MOS (accuracy term 0)
         trajectory.extras.update(self.degraded_inputs(context, trajectory, metadata["degraded_images"]))
+        if copies:  # the loss skips their re-scoring
+            trajectory.extras[COPY_ROWS_KEY] = rows >= originals
         mos = torch.as_tensor(metadata["mos"], dtype=torch.float32)
         if copies:
             mos = torch.where(rows >= originals, torch.full_like(mos, float("nan")), mos)
