@@ -97,6 +97,10 @@ def draw_window_start(
     """
     if block_size <= 0 or window_frames <= 0:
         raise ValueError(f"block_size {block_size} and window_frames {window_frames} must be positive")
+    if window_frames % block_size:
+        raise ValueError(
+            f"train.astrolabe.window_frames {window_frames} must be a multiple of the model's block size {block_size}"
+        )
     choices = max(num_frames - window_frames, 0) // block_size + 1
     return int(torch.randint(choices, (1,), generator=generator).item()) * block_size
 

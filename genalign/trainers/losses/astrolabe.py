@@ -162,10 +162,6 @@ class AstrolabeLoss(NFTLoss):
                     f"the step's window [{start}, {stop}) does not end the {num_frames}-frame rollout"
                 )
             return level, start, stop
-        if options.window_frames % policy.block_size:
-            raise ValueError(
-                f"train.astrolabe.window_frames {options.window_frames} must be a multiple of the model's block size {policy.block_size}"
-            )
         return level, start, min(start + options.window_frames, num_frames)
 
     def _predict(self, policy, x_t, levels, conditioning, start: int, stop: int) -> torch.Tensor:

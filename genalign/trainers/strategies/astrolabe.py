@@ -59,10 +59,6 @@ class AstrolabeStrategy(GroupRolloutStrategy):
             return None
         num_frames = policy.check_num_frames(options.num_latent_frames)
         window = options.window_frames
-        if window % policy.block_size:
-            raise ValueError(
-                f"train.astrolabe.window_frames {window} must be a multiple of the model's block size {policy.block_size}"
-            )
         generator = step_generator(self.config.seed, step, -1)  # loss calls use keys >= 0
         start = draw_window_start(generator, num_frames, window, policy.block_size)
         return start, min(start + window, num_frames)
