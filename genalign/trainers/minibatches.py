@@ -35,7 +35,14 @@ import torch
 from genalign.algorithms import select_timesteps_per_sample
 from genalign.trainers.strategies.base import step_generator
 
-__all__ = ["Minibatch", "MinibatchPass", "epoch_minibatches", "epoch_passes", "nonzero_advantages"]
+__all__ = [
+    "Minibatch",
+    "MinibatchPass",
+    "epoch_minibatches",
+    "epoch_passes",
+    "loss_calls",
+    "nonzero_advantages",
+]
 
 
 @dataclass
@@ -95,6 +102,21 @@ class MinibatchPass:
     share: float
     dummy: bool
     optimizer_step: bool
+
+
+def loss_calls(part: MinibatchPass, fuse: bool) -> list[tuple[list[int], torch.Tensor, float]]:
+    """The loss calls of one pass, each ``(rows, step_index [len(rows)], weight)``: the pass's
+    gradient is the sum of ``weight * loss(rows at step_index)`` over its calls.
+
+    Unfused: one call per trained step k, ``(rows, step_indices[:, k], share / K)``. Fused
+    (``train.fuse_timesteps``): one call on the rows repeated K times, k-major, with every row's
+    k-th step, weight ``share``. For a loss that is the mean over its rows of per-row terms the two
+    are the same sum: ``share / K * sum_k mean_rows = share * mean over the K x rows``.
+    """
+    inner = part.step_indices.shape[1]
+    if fuse and inner > 1:
+        return [(part.rows * inner, part.step_indices.T.reshape(-1), part.share)]
+    return [(part.rows, part.step_indices[:, k], part.share / inner) for k in range(inner)]
 
 
 def nonzero_advantages(

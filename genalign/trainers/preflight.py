@@ -82,4 +82,19 @@ def check_recipe_names(config: Any) -> None:
         _check_reward_class(monitor, f"reward.monitors.{name}", Reward)
         check_options(monitor, dict(kwargs or {}), f"reward.monitors.{name}", f"reward {name!r}")
     resolve_name(STRATEGIES, config.train.strategy, "train.strategy")
-    resolve_name(LOSSES, config.train.loss, "train.loss")
+    loss = resolve_name(LOSSES, config.train.loss, "train.loss")
+    if getattr(config.train, "fuse_timesteps", False):
+        _check_fusable(loss, config)
+
+
+def _check_fusable(loss: Any, config: Any) -> None:
+    """``train.fuse_timesteps`` needs a loss that is a mean over per-row terms (``row_mean``)."""
+    if getattr(config, "rewriter", None) is not None:
+        raise ConfigError(
+            "train.fuse_timesteps: a joint run's loss (rewriter and generator) cannot fuse steps"
+        )
+    if not getattr(loss, "row_mean", False):
+        raise ConfigError(
+            f"train.fuse_timesteps: the {config.train.loss!r} loss is not a mean over per-row terms, "
+            "so its trained steps cannot run as one call (losses that can: nft, ppo_clip)"
+        )

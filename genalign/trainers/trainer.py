@@ -51,7 +51,7 @@ from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.guards import count_nonfinite, gradients_are_finite
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
 from genalign.trainers.losses.base import PolicyLoss, as_policy_loss
-from genalign.trainers.minibatches import MinibatchPass, epoch_passes, nonzero_advantages
+from genalign.trainers.minibatches import MinibatchPass, epoch_passes, loss_calls, nonzero_advantages
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies.base import RolloutBatch, RolloutContext, RolloutStrategy
@@ -319,15 +319,13 @@ class Trainer:
         """Accumulate the gradients of one minibatch pass; the metrics of its (non-dummy) losses."""
         if not part.rows:
             return []
-        sub = batch.trajectory.select(part.rows)
-        advantages = batch.advantages[torch.tensor(part.rows)]
-        inner = part.step_indices.shape[1]
-        scale = part.share / (inner * self.config.train.gradient_accumulation_steps)
+        train = self.config.train
         infos = []
-        for k in range(inner):
+        for rows, step_index, weight in loss_calls(part, train.fuse_timesteps):
+            sub = batch.trajectory.select(rows)
             with self.precision():
-                loss, info = self.loss(self.policy, sub, part.step_indices[:, k], advantages)
-            (loss * scale).backward()
+                loss, info = self.loss(self.policy, sub, step_index, batch.advantages[torch.tensor(rows)])
+            (loss * (weight / train.gradient_accumulation_steps)).backward()
             if not part.dummy:
                 infos.append(info)
         return infos

@@ -77,6 +77,7 @@ class AstrolabeLoss(NFTLoss):
     """
 
     decay_metric = "astrolabe_old_decay"
+    row_mean = False  # one noise level per minibatch, and the selective KL ranks over the batch
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

@@ -54,6 +54,10 @@ class PolicyLoss(abc.ABC):
     """
 
     forward_process: bool = False
+    # the loss is the mean over its rows of terms that each depend on their own row only, so the
+    # trainer may run a minibatch's trained steps as one call on the rows repeated
+    # (``train.fuse_timesteps``); a loss that couples rows or steps keeps False
+    row_mean: bool = False
 
     @abc.abstractmethod
     def __call__(

@@ -102,6 +102,7 @@ class NFTLoss(PolicyLoss):
     """
 
     forward_process = True
+    row_mean = True  # nft_loss_in_x0 is per sample; the noise is keyed per row (train.fuse_timesteps)
     decay_metric = "nft_old_decay"
 
     def __init__(self, config: Any) -> None:

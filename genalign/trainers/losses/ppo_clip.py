@@ -30,6 +30,8 @@ class PPOClipLoss(PolicyLoss):
     ``kl_reduction`` ("mean" over latent elements as flow_grpo, or "sum") applies to either.
     """
 
+    row_mean = True  # ppo_clip_loss and the step KL are means over rows (train.fuse_timesteps)
+
     def __init__(self, config: Any) -> None:
         self.config = config
 
