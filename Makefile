@@ -4,18 +4,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.genalign-installed
+DEMO_STAMP := $(VENV)/.genalign-demo-installed
 PYTEST_ARGS ?=
+# pip skips byte-compiling every installed file (about a minute on 2 cores); Python compiles the
+# modules a run imports on first use and caches them
+PIP_INSTALL := $(PIP) install -q --no-compile
 
 .PHONY: install test test-fast lint format demo bench clean
 
 install: $(STAMP)
 
 # torch/torchvision first (their pair must match: see shared DESIGN.md), then the package
-# under a constraints file so no dependency can swap the torch build.
-$(STAMP): pyproject.toml constraints.txt
+# under a constraints file so no dependency can swap the torch build. The demo needs only the
+# package and skia (the toy renderer); tests and the rest add the other extras.
+$(DEMO_STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
-	$(PIP) install -q -c constraints.txt -e ".[dev,fast-svg,eval,quantization]"
+	$(PIP_INSTALL) torch==2.14.1 torchvision==0.29.1
+	$(PIP_INSTALL) -c constraints.txt -e ".[fast-svg]"
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	$(PIP_INSTALL) -c constraints.txt -e ".[dev,fast-svg,eval,quantization]"
 	touch $(STAMP)
 
 test: install
@@ -33,7 +42,7 @@ format: install
 	$(PY) -m ruff check --fix genalign tests benchmarks
 
 # the toy-world demo: RL-held-out ShapesEval before/after DiffusionNFT on a learned reward, report in runs/
-demo: install
+demo: $(DEMO_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VENV)/bin/genalign demo configs/toy/demo.yaml
 
 bench: install
