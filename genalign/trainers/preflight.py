@@ -83,7 +83,7 @@ def check_recipe_names(config: Any) -> None:
         check_options(monitor, dict(kwargs or {}), f"reward.monitors.{name}", f"reward {name!r}")
     resolve_name(STRATEGIES, config.train.strategy, "train.strategy")
     loss = resolve_name(LOSSES, config.train.loss, "train.loss")
-    if getattr(config.train, "fuse_timesteps", False):
+    if config.train.fuse_timesteps:
         _check_fusable(loss, config)
 
 

@@ -321,10 +321,13 @@ class Trainer:
             return []
         train = self.config.train
         infos = []
+        selected = {}  # the unfused calls share one sub-batch: select it once per pass
         for rows, step_index, weight in loss_calls(part, train.fuse_timesteps):
-            sub = batch.trajectory.select(rows)
+            if len(rows) not in selected:
+                selected[len(rows)] = (batch.trajectory.select(rows), batch.advantages[torch.tensor(rows)])
+            sub, advantages = selected[len(rows)]
             with self.precision():
-                loss, info = self.loss(self.policy, sub, step_index, batch.advantages[torch.tensor(rows)])
+                loss, info = self.loss(self.policy, sub, step_index, advantages)
             (loss * (weight / train.gradient_accumulation_steps)).backward()
             if not part.dummy:
                 infos.append(info)
