@@ -172,8 +172,9 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
 def cmd_eval_svg(args: argparse.Namespace) -> int:
     from genalign.toy.svg_eval import evaluate_svg_writers, format_report, parse_models
 
-    same_names = ("count", "seed", "split", "task", "temperature", "max_new_tokens")
-    report = evaluate_svg_writers(parse_models(args.models), **_same_named(args, same_names))
+    same_names = ("count", "split", "task", "temperature", "max_new_tokens")
+    options = _same_named(args, same_names) | ({} if args.seed is None else {"seed": args.seed})
+    report = evaluate_svg_writers(parse_models(args.models), **options)
     print(format_report(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -350,7 +351,7 @@ def _add_size_seed_device(p: argparse.ArgumentParser, size_help: str | None = No
     p.add_argument("--height", type=int, default=None, help=size_help and f"image height ({size_help})")
     p.add_argument("--width", type=int, default=None, help=size_help and f"image width ({size_help})")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
 
 
 def _add_sample(sub: argparse._SubParsersAction) -> None:
@@ -417,8 +418,6 @@ def _add_eval_reward(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_eval_svg(sub: argparse._SubParsersAction) -> None:
-    from genalign.toy.svg_eval import EVAL_SEED
-
     p = sub.add_parser(
         "eval-svg",
         help="evaluate SVG writers on held-out toy scenes (fidelity, validity, ShapesEval, hacking check)",
@@ -430,7 +429,9 @@ def _add_eval_svg(sub: argparse._SubParsersAction) -> None:
         "models", nargs="+", help="LABEL=PATH or PATH: a model folder, tiny:NAME or a checkpoint folder"
     )
     p.add_argument("--count", type=int, default=256, help="held-out scenes")
-    p.add_argument("--seed", type=int, default=EVAL_SEED, help="scene seed")
+    p.add_argument(
+        "--seed", type=int, default=None, help="scene seed (default: the held-out set's, svg_eval.EVAL_SEED)"
+    )
     p.add_argument("--split", default="rl_heldout", help="toy prompt split of the scenes")
     p.add_argument("--task", default="image_to_svg", choices=["image_to_svg", "text_to_svg"])
     p.add_argument("--temperature", type=float, default=0.01, help="sampling temperature (0.01: ~greedy)")
@@ -484,8 +485,6 @@ def _add_rlg(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_convert_ar_video(sub: argparse._SubParsersAction) -> None:
-    from genalign.policies.ar_video_convert import WAN_T2V_1_3B
-
     p = sub.add_parser(
         "convert-ar-video",
         help="turn a Self-Forcing / Causal Forcing / LongLive checkpoint into an ar_video model folder",
@@ -493,7 +492,9 @@ def _add_convert_ar_video(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="the official .pt (or .safetensors) holding the causal Wan DiT")
     p.add_argument("--out", required=True, help="the model folder to write (model.path of a recipe)")
     p.add_argument(
-        "--base", default=WAN_T2V_1_3B, help="diffusers Wan2.1 folder for the VAE, text encoder, config"
+        "--base",
+        default=None,
+        help="diffusers Wan2.1 folder for the VAE, text encoder, config (default: the hub's Wan2.1-T2V-1.3B)",
     )
     p.add_argument("--block", type=int, default=3, help="latent frames per block (num_frame_per_block)")
     p.add_argument(
@@ -506,10 +507,11 @@ def _add_convert_ar_video(sub: argparse._SubParsersAction) -> None:
 def cmd_convert_ar_video(args: argparse.Namespace) -> int:
     import torch
 
-    from genalign.policies.ar_video_convert import convert_causal_wan
+    from genalign.policies.ar_video_convert import WAN_T2V_1_3B, convert_causal_wan
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    out = convert_causal_wan(args.checkpoint, args.out, args.base, args.block, args.key, dtype)
+    base = args.base or WAN_T2V_1_3B
+    out = convert_causal_wan(args.checkpoint, args.out, base, args.block, args.key, dtype)
     print(f"wrote {out} (load it with model.family: ar_video, model.path: {out})")
     return 0
 
@@ -526,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     silence_startup_noise()  # before any command imports diffusers / transformers
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "device", "") is None:  # resolved here, not in the parser: --help needs no torch
+        args.device = "cuda" if _cuda() else "cpu"
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

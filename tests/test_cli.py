@@ -61,3 +61,17 @@ def test_unknown_family_and_missing_folder_fail_with_a_message(tmp_path, capsys)
     assert "unknown policy family 'gan'" in capsys.readouterr().err
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_help_imports_no_heavy_package():
+    """`genalign --help` (building the parser) must not import torch, diffusers or transformers:
+    a --device default or a constant taken from a module that does made it take 18 s."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from genalign.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
