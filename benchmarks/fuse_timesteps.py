@@ -48,7 +48,9 @@ def update(trainer: Trainer, batch: RolloutBatch, fuse: bool, times: list[float]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. train.minibatch_size=32")
     parser.add_argument("--recipe", default=str(RECIPE))
     parser.add_argument("--repeats", type=int, default=5, help="timed pairs (median reported)")
