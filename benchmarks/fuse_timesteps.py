@@ -28,6 +28,7 @@ import diffusers
 import torch
 import transformers
 from _timing import compare
+from train_step import trainer_update
 
 from genalign.trainers.config import load_recipe
 from genalign.trainers.strategies import RolloutBatch
@@ -36,15 +37,16 @@ from genalign.trainers.trainer import Trainer, build_trainer
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "toy" / "demo.yaml"
 
 
-def update(trainer: Trainer, batch: RolloutBatch, fuse: bool, times: list[float]) -> Callable[[], None]:
-    """``trainer.train_step(0)`` on the cached ``batch`` with ``train.fuse_timesteps = fuse``; the
-    step's own ``time_update`` goes to ``times``."""
+def variant(trainer: Trainer, batch: RolloutBatch, fuse: bool, times: list[float]) -> Callable[[], None]:
+    """``train_step.trainer_update`` (``Trainer.train_step(0)`` on the cached ``batch``, its
+    ``time_update`` into ``times``) with ``train.fuse_timesteps = fuse``."""
+    run = trainer_update(trainer, batch, times)
 
-    def run() -> None:
+    def call() -> None:
         trainer.config.train.fuse_timesteps = fuse
-        times.append(trainer.train_step(0)["time_update"])
+        run()
 
-    return run
+    return call
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -66,12 +68,11 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = ["logging.run_dir=/tmp/bench/{name}", "logging.progress=false", *args.overrides]
     config = load_recipe(args.recipe, overrides)
     trainer = build_trainer(config, base_dir=Path(args.recipe).parent)  # prompts.file beside it
-    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
-    trainer.strategy.collect = lambda context, step: batch  # the rollout is done once, outside
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)  # the rollout is done once, outside
     fused_times: list[float] = []
     unfused_times: list[float] = []
-    fused = update(trainer, batch, True, fused_times)
-    unfused = update(trainer, batch, False, unfused_times)
+    fused = variant(trainer, batch, True, fused_times)
+    unfused = variant(trainer, batch, False, unfused_times)
     result = compare(fused, unfused, repeats=args.repeats, warmup=1, device=str(trainer.device))
 
     train = config.train

@@ -170,11 +170,12 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_svg(args: argparse.Namespace) -> int:
-    from genalign.toy.svg_eval import evaluate_svg_writers, format_report, parse_models
+    from genalign.toy.svg_eval import EVAL_SEED, evaluate_svg_writers, format_report, parse_models
 
-    same_names = ("count", "split", "task", "temperature", "max_new_tokens")
-    options = _same_named(args, same_names) | ({} if args.seed is None else {"seed": args.seed})
-    report = evaluate_svg_writers(parse_models(args.models), **options)
+    if args.seed is None:  # not a parser default, so that --help imports nothing heavy
+        args.seed = EVAL_SEED
+    same_names = ("count", "seed", "split", "task", "temperature", "max_new_tokens")
+    report = evaluate_svg_writers(parse_models(args.models), **_same_named(args, same_names))
     print(format_report(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

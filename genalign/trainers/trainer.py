@@ -323,9 +323,9 @@ class Trainer:
         infos = []
         selected = {}  # the unfused calls share one sub-batch: select it once per pass
         for rows, step_index, weight in loss_calls(part, train.fuse_timesteps):
-            if len(rows) not in selected:
-                selected[len(rows)] = (batch.trajectory.select(rows), batch.advantages[torch.tensor(rows)])
-            sub, advantages = selected[len(rows)]
+            if (key := tuple(rows)) not in selected:
+                selected[key] = (batch.trajectory.select(rows), batch.advantages[torch.tensor(rows)])
+            sub, advantages = selected[key]
             with self.precision():
                 loss, info = self.loss(self.policy, sub, step_index, advantages)
             (loss * (weight / train.gradient_accumulation_steps)).backward()
