@@ -1,4 +1,4 @@
-"""Rollout precision on CPU: int8 vs fp32 rollout speed, and how well cheap previews rank samples.
+"""Rollout precision: int8 vs fp32 on CPU, fp8 vs bf16 on a GPU, and how well cheap previews rank samples.
 
 The model is the tiny SD3 pipeline (``tiny:sd3``: its text encoders and VAE) with its transformer
 replaced by an SD3-layout ``SD3Transformer2DModel`` of a few tens of millions of parameters built
@@ -18,6 +18,13 @@ layers dominate the cost as they do in real models.
 
     python benchmarks/precision.py                      # ~3-5 minutes on one CPU thread
     python benchmarks/precision.py --layers 4 --pool 8 --json /tmp/precision.json
+    python benchmarks/precision.py --device cuda --layers 24 --heads 24 --size 512 --batch 4
+
+On ``--device cuda`` the pair is bf16 (the reference, as Sol-RL trains) against torchao fp8
+(needs compute capability >= 8.9 and ``pip install torchao``; ``--fast`` picks another), and the
+ranking reference is bf16 at the full step count. ``--layers 24 --heads 24`` (head dim 64) is
+SD3-Medium's transformer shape, about 2B parameters; ``--size 512`` gives 4,096 image tokens, as
+SD3 has at 1024 px (the tiny VAE downsamples 4x, not 8x).
 """
 
 from __future__ import annotations
@@ -44,10 +51,10 @@ from genalign.rewards import load_reward  # noqa: E402
 PROMPTS = ["a red circle on a white background", "two blue squares", "a green triangle", "a yellow star"]
 
 
-def build_policy(layers: int, heads: int, head_dim: int):
+def build_policy(layers: int, heads: int, head_dim: int, size: int, device: str):
     from diffusers import SD3Transformer2DModel
 
-    policy = load_policy("flow", "tiny:sd3")
+    policy = load_policy("flow", "tiny:sd3", device=device)
     tiny = policy.denoiser.config
     torch.manual_seed(0)
     transformer = SD3Transformer2DModel(
@@ -61,10 +68,13 @@ def build_policy(layers: int, heads: int, head_dim: int):
         joint_attention_dim=tiny.joint_attention_dim,
         caption_projection_dim=heads * head_dim,
         pooled_projection_dim=tiny.pooled_projection_dim,
-        pos_embed_max_size=tiny.pos_embed_max_size,
+        # room for the image's patch grid at --size (SD3's own table is 192 patches wide)
+        pos_embed_max_size=max(
+            tiny.pos_embed_max_size, size // (policy.pipeline.vae_scale_factor * tiny.patch_size)
+        ),
     ).eval()
     transformer.requires_grad_(False)
-    policy.pipeline.transformer = transformer
+    policy.pipeline.transformer = transformer.to(device)
     return policy, sum(p.numel() for p in transformer.parameters())
 
 
@@ -89,19 +99,31 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu (fp32 vs int8) or cuda (bf16 vs fp8)")
+    parser.add_argument(
+        "--fast", default=None, help="the cheap precision (default: int8 on CPU, fp8 on CUDA)"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     logging.getLogger("genalign").setLevel(logging.ERROR)
+    cuda = args.device.startswith("cuda")
+    base_name = "bf16" if cuda else "fp32"
+    fast_name = args.fast or ("fp8" if cuda else "int8")
 
-    policy, parameters = build_policy(args.layers, args.heads, args.head_dim)
+    policy, parameters = build_policy(args.layers, args.heads, args.head_dim, args.size, args.device)
     size = args.size
+    tokens = (size // (policy.pipeline.vae_scale_factor * policy.denoiser.config.patch_size)) ** 2
+    where = torch.cuda.get_device_name() if cuda else f"{args.threads} CPU thread(s)"
     print(
-        f"SD3-layout transformer: {parameters / 1e6:.1f}M parameters, {size}x{size} px, {args.threads} thread(s)"
+        f"SD3-layout transformer: {parameters / 1e6:.1f}M parameters, {size}x{size} px ({tokens} tokens), {where}"
     )
-    int8, report = quantize_denoiser(policy.denoiser, "int8")
-    print(f"int8: {len(report.quantized)} linear layers quantised, {len(report.skipped)} kept")
+    base, base_report = quantize_denoiser(policy.denoiser, base_name)
+    int8, report = quantize_denoiser(policy.denoiser, fast_name)
+    print(
+        f"{fast_name}: {len(report.quantized)} linear layers quantised, {len(report.skipped)} kept ({report.backend})"
+    )
 
     # 1. Speed: the same rollout with the fp32 and the int8 denoiser
     seeds = torch.arange(args.batch) + 100
@@ -116,19 +138,20 @@ def main() -> None:
     noise = initial_noise(policy, seeds, size, size)
 
     def fp32_rollout():
-        return policy.rollout(prompts, seeds=seeds, latents=noise, **kwargs)
+        with swapped_denoiser(policy, base, base_report.compute_dtype):
+            return policy.rollout(prompts, seeds=seeds, latents=noise, **kwargs)
 
     def int8_rollout():
         with swapped_denoiser(policy, int8, report.compute_dtype):
             return policy.rollout(prompts, seeds=seeds, latents=noise, **kwargs)
 
-    comparison = compare(int8_rollout, fp32_rollout, repeats=args.repeats, warmup=1)
-    difference = float((int8_rollout().images - fp32_rollout().images).abs().max())
+    comparison = compare(int8_rollout, fp32_rollout, repeats=args.repeats, warmup=1, device=args.device)
+    difference = float((int8_rollout().images.float() - fp32_rollout().images.float()).abs().max())
     summary = comparison.summary() if hasattr(comparison, "summary") else {}
     ratio = comparison.ratio
     print(
-        f"rollout ({args.batch} samples x {args.steps} steps): fp32 {min(comparison.baseline):.3f}s, "
-        f"int8 {min(comparison.measured):.3f}s (best of {args.repeats}); median ratio int8/fp32 = {ratio:.3f} "
+        f"rollout ({args.batch} samples x {args.steps} steps): {base_name} {min(comparison.baseline):.3f}s, "
+        f"{fast_name} {min(comparison.measured):.3f}s (best of {args.repeats}); median ratio {fast_name}/{base_name} = {ratio:.3f} "
         f"(paired {comparison.paired_ratio:.3f} +- {comparison.noise:.3f}); speedup {1 / ratio:.2f}x; "
         f"max|dimg| {difference:.4f}"
     )
@@ -139,38 +162,47 @@ def main() -> None:
     pool_seeds = torch.arange(len(pool_prompts)) + 1000
     pool_noise = initial_noise(policy, pool_seeds, size, size)
 
-    def scores(denoiser=None, dtype=torch.float32, steps=args.steps) -> torch.Tensor:
+    def scores(denoiser, dtype, steps=args.steps) -> torch.Tensor:
         run = {**kwargs, "num_inference_steps": steps}
-        if denoiser is None:
+        with swapped_denoiser(policy, denoiser, dtype):
             trajectory = policy.rollout(pool_prompts, seeds=pool_seeds, latents=pool_noise, **run)
-        else:
-            with swapped_denoiser(policy, denoiser, dtype):
-                trajectory = policy.rollout(pool_prompts, seeds=pool_seeds, latents=pool_noise, **run)
-        return reward(trajectory.images, pool_prompts).scores.float().reshape(args.prompts, args.pool)
+        return (
+            reward(trajectory.images.float().cpu(), pool_prompts)
+            .scores.float()
+            .reshape(args.prompts, args.pool)
+        )
 
-    full = scores()
-    nvfp4, nvfp4_report = quantize_denoiser(policy.denoiser, "nvfp4_simulated")
+    full = scores(base, base_report.compute_dtype)
     previews = {
-        f"fp32, {args.preview_steps} steps": scores(steps=args.preview_steps),
-        f"int8, {args.steps} steps": scores(int8),
-        f"int8, {args.preview_steps} steps": scores(int8, steps=args.preview_steps),
-        f"nvfp4 (SIMULATED), {args.preview_steps} steps": scores(nvfp4, steps=args.preview_steps),
+        f"{base_name}, {args.preview_steps} steps": scores(
+            base, base_report.compute_dtype, args.preview_steps
+        ),
+        f"{fast_name}, {args.steps} steps": scores(int8, report.compute_dtype),
+        f"{fast_name}, {args.preview_steps} steps": scores(int8, report.compute_dtype, args.preview_steps),
     }
+    nvfp4, nvfp4_report = quantize_denoiser(policy.denoiser, "nvfp4_simulated")
+    previews[f"nvfp4 (SIMULATED), {args.preview_steps} steps"] = scores(
+        nvfp4, nvfp4_report.compute_dtype, args.preview_steps
+    )
     results = {
         "parameters": parameters,
+        "device": where,
+        "tokens": tokens,
+        "base": base_name,
+        "fast": fast_name,
         "speed": {
-            "ratio_int8_over_fp32": ratio,
+            f"ratio_{fast_name}_over_{base_name}": ratio,
             "paired_ratio": comparison.paired_ratio,
             "noise": comparison.noise,
-            "fp32_seconds": comparison.baseline,
-            "int8_seconds": comparison.measured,
+            f"{base_name}_seconds": comparison.baseline,
+            f"{fast_name}_seconds": comparison.measured,
             "max_image_difference": difference,
             **summary,
         },
         "fidelity": {},
     }
     print(
-        f"ranking fidelity vs fp32 {args.steps} steps ({args.prompts} prompts x {args.pool} candidates, "
+        f"ranking fidelity vs {base_name} {args.steps} steps ({args.prompts} prompts x {args.pool} candidates, "
         f"JPEG compressibility, top-{args.top_k}):"
     )
     for name, preview in previews.items():

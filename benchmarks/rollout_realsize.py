@@ -6,6 +6,11 @@ from its published architecture (nothing is downloaded), in fp16 on CUDA, and ti
 ``__call__`` with the same scheduler, seeds, batch and steps, side by side in one run.
 
     python benchmarks/rollout_realsize.py --batch-size 8 --steps 20 --repeats 5
+    python benchmarks/rollout_realsize.py --save /tmp/sd15-random   # then train on it:
+    python benchmarks/train_step.py --recipe configs/sd15/ddpo_aesthetic.yaml model.path=/tmp/sd15-random ...
+
+``--save DIR`` writes the random pipeline (fp16 on CUDA) as a diffusers folder, so that the real
+recipes can load an SD 1.5-sized model offline (``benchmarks/gpu_checks.sh`` does this).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--save", default=None, help="write the random pipeline to this folder")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -133,6 +139,9 @@ def main() -> None:
     print(f"rollout/pipeline = {result.ratio:.3f} (target <= 1.10)")
     if args.json:
         Path(args.json).write_text(json.dumps(row, indent=2))
+    if args.save:
+        pipe.save_pretrained(args.save)
+        print(f"saved the random SD 1.5-sized pipeline to {args.save}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import transformers
 from _timing import Comparison, compare, peak_memory, profile_difference
 
 from genalign.algorithms import select_timesteps_per_sample
+from genalign.algorithms.losses import reduce_log_prob
 from genalign.policies import SDPolicy
 from genalign.trainers.config import load_recipe
 from genalign.trainers.strategies import RolloutBatch, step_generator
@@ -143,6 +144,32 @@ def forward_difference(trainer: Trainer, batch: RolloutBatch, predict: Callable[
     return (ours - theirs).abs().max().item()
 
 
+def on_policy_check(trainer: Trainer, batch: RolloutBatch) -> dict[str, float]:
+    """The update's first ratios, before any optimiser step: log-probs recomputed minibatch by
+    minibatch as ``train_step`` draws them (same rows, same per-sample steps, the update's
+    precision), against the rollout's. Every ratio must be 1; on a GPU in fp16 or bf16 the
+    rollout's batch shape and the minibatch's can pick different kernels, and a drift larger than
+    the clip range clips an on-policy step (DDPO's clip range is 1e-4)."""
+    train = trainer.config.train
+    trajectory = batch.trajectory
+    num_dims = trajectory.latents[0, 0].numel()
+    worst, total, clipped = 0.0, 0, 0
+    for rows, step_indices in update_plan(trainer, batch, 0):
+        sub = trajectory.select(rows)
+        picked = torch.arange(len(rows))
+        for k in range(step_indices.shape[1]):
+            index = step_indices[:, k]
+            with torch.no_grad(), trainer.precision():
+                new = trainer.policy.step(sub, index).log_prob.float().cpu()
+            old = sub.log_probs[picked, index].float().cpu()
+            delta = reduce_log_prob(new - old, train.ratio_reduction, num_dims)
+            deviation = (delta.exp() - 1).abs()
+            worst = max(worst, float(deviation.max()))
+            clipped += int((deviation > train.clip_range).sum())
+            total += deviation.numel()
+    return {"max_abs_ratio_minus_1": worst, "clipped_fraction": clipped / max(total, 1), "ratios": total}
+
+
 def trainer_update(trainer: Trainer, batch: RolloutBatch, update_times: list[float]) -> Callable[[], None]:
     """``trainer.train_step(0)`` on the cached batch; its ``time_update`` goes to ``update_times``."""
     trainer.strategy.collect = lambda trainer_, step: batch  # the rollout is done once, outside
@@ -180,7 +207,7 @@ def main() -> None:
 
     overrides = ["logging.run_dir=/tmp/bench/{name}", "logging.progress=false", *args.overrides]
     config = load_recipe(args.recipe, overrides)
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, base_dir=Path(args.recipe).parent)
     policy, train = trainer.policy, config.train
     policy.denoiser.eval()
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
@@ -188,6 +215,7 @@ def main() -> None:
     predict = policy.predict if args.baseline == "predict" else guided_unet(trainer)
 
     difference = forward_difference(trainer, batch, predict)
+    on_policy = on_policy_check(trainer, batch)
     update_times: list[float] = []
     measured, baseline = trainer_update(trainer, batch, update_times), bare_update(trainer, batch, predict)
     result: Comparison = compare(measured, baseline, repeats=args.repeats, warmup=1, device=device)
@@ -207,6 +235,11 @@ def main() -> None:
         f"baseline={args.baseline} repeats={args.repeats} threads={torch.get_num_threads()} target<={TARGET:.2f}"
     )
     print(f"max|d output| bare forward vs policy.predict: {difference:.2e}")
+    print(
+        f"on-policy ratios before the first optimiser step ({on_policy['ratios']}, {train.ratio_reduction} "
+        f"reduction): max|ratio - 1| {on_policy['max_abs_ratio_minus_1']:.2e}, beyond the clip range "
+        f"{train.clip_range:g}: {on_policy['clipped_fraction']:.3f} (must be 0)"
+    )
     print(f"{'variant':8s} {'median ms':>10s} {f'peak {unit} MiB':>22s} {'rise MiB':>9s}")
     for name, seconds in (("trainer", result.measured_median), ("bare", result.baseline_median)):
         peak = max(p for p, _ in memory[name])
@@ -224,6 +257,7 @@ def main() -> None:
     if args.json:
         result.extras.update(
             max_output_difference=difference,
+            on_policy=on_policy,
             time_update_median=internal,
             peak_memory_mib=memory,
             memory_unit=unit,
