@@ -167,7 +167,11 @@ class SamplingConfig:
     step is deterministic and untrained, as in diffusers). ``num_sde_steps``: only the first this
     many steps are stochastic (and trainable), the rest deterministic (DDIM eta 0, the flow ODE):
     PromptRL's generator (UniRL's ``--num_sde``); None: every step. ``language``: the ``language``
-    family's settings (:class:`LanguageSamplingConfig`); the diffusion families ignore them."""
+    family's settings (:class:`LanguageSamplingConfig`); the diffusion families ignore them.
+    ``training``: sampler settings for the training rollouts only (keys: ``eta``, ``noise_level``,
+    ``mode``, ``num_sde_steps``); evaluations and the exported pipeline keep the others, e.g.
+    ``training: {eta: 0.0}`` collects DiffusionNFT's data with the ODE sampler (the paper's
+    choice: its loss needs only clean samples) while the model is judged with eta 1."""
 
     num_inference_steps: int = 20
     guidance_scale: float = 5.0
@@ -181,17 +185,30 @@ class SamplingConfig:
     lcm_final_noise: bool = False
     num_sde_steps: int | None = None
     language: LanguageSamplingConfig = field(default_factory=LanguageSamplingConfig)
+    training: dict[str, Any] = field(default_factory=dict)
+
+    TRAINING_KEYS = ("eta", "noise_level", "mode", "num_sde_steps")
 
     def __post_init__(self) -> None:
+        unknown = sorted(set(self.training) - set(self.TRAINING_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"sampling.training.{unknown[0]} is not a sampler setting the training rollouts can "
+                f"override; choose from {list(self.TRAINING_KEYS)}"
+            )
+        if "mode" in self.training and self.training["mode"] not in ("sde", "cps", "ode"):
+            raise ConfigError(
+                f"sampling.training.mode must be sde, cps or ode, got {self.training['mode']!r}"
+            )
         if self.num_inference_steps <= 0:
             raise ConfigError(
                 f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}"
             )
-        k = self.num_sde_steps
-        if k is not None and not 0 <= k <= self.num_inference_steps:
-            raise ConfigError(
-                f"sampling.num_sde_steps must lie in [0, num_inference_steps={self.num_inference_steps}], got {k}"
-            )
+        for where, k in (("", self.num_sde_steps), ("training.", self.training.get("num_sde_steps"))):
+            if k is not None and not 0 <= k <= self.num_inference_steps:
+                raise ConfigError(
+                    f"sampling.{where}num_sde_steps must lie in [0, num_inference_steps={self.num_inference_steps}], got {k}"
+                )
 
 
 @dataclass

@@ -213,8 +213,9 @@ class Trainer:
         )
 
     def rollout_kwargs(self) -> dict[str, Any]:
-        """The recipe's sampling settings as keyword arguments of ``policy.rollout``."""
-        return self.rollout_context().rollout_kwargs()
+        """The recipe's sampling settings as keyword arguments of ``policy.rollout``, as evaluations
+        use them: without ``sampling.training``, which only the training rollouts see."""
+        return self.rollout_context().rollout_kwargs(training=False)
 
     @property
     def loss(self) -> PolicyLoss:

@@ -418,3 +418,46 @@ def test_the_noise_is_keyed_by_the_step_begin_step_names(policy):
     assert torch.equal(loss_fn.noise(trajectory, step_index, like), at_one)
     loss_fn.begin_step(2)
     assert not torch.equal(loss_fn.noise(trajectory, step_index, like), at_one)
+
+
+def test_sampling_training_reaches_the_training_rollouts_only(tmp_path):
+    """``sampling.training`` (here DiffusionNFT's ODE data collection, eta 0) changes what the
+    strategy rolls out and is trained on, while ``Trainer.rollout_kwargs`` (what evaluations and
+    the demo sample with) keeps the recipe's eta 1."""
+    from pathlib import Path
+
+    from genalign.trainers import build_trainer
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "nft_sd_jpeg.yaml"
+    base = [f"logging.run_dir={tmp_path}/run", "train.num_steps=1", "sampling.eta=1.0"]
+    trainer = build_trainer(load_recipe(recipe, [*base, "sampling.training.eta=0.0"]))
+    assert trainer.rollout_kwargs()["eta"] == 1.0
+    assert trainer.rollout_context().rollout_kwargs()["eta"] == 0.0
+    collected = []
+    original = trainer.policy.rollout
+
+    def recording(*args, **kwargs):
+        collected.append(kwargs["eta"])
+        return original(*args, **kwargs)
+
+    trainer.policy.rollout = recording
+    batch = trainer.strategy.collect(trainer.rollout_context(), 0)
+    assert collected and set(collected) == {0.0}
+    # eta 0 is deterministic: the same seeds give the same images whatever the step noise
+    trajectory = batch.trajectory
+    again = original(
+        [trajectory.prompts[0]], seeds=trajectory.seeds[:1], **trainer.rollout_context().rollout_kwargs()
+    )
+    torch.testing.assert_close(again.images[0], trajectory.images[0])
+    stochastic = original([trajectory.prompts[0]], seeds=trajectory.seeds[:1], **trainer.rollout_kwargs())
+    assert not torch.allclose(stochastic.images[0], trajectory.images[0])
+
+
+def test_sampling_training_rejects_other_keys_naming_them(tmp_path):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "nft_sd_jpeg.yaml"
+    with pytest.raises(ConfigError, match="sampling.training.guidance_scale is not a sampler setting"):
+        load_recipe(recipe, ["sampling.training.guidance_scale=3.0"])
+    with pytest.raises(ConfigError, match="sampling.training.mode must be sde, cps or ode, got 'fast'"):
+        load_recipe(recipe, ["sampling.training.mode=fast"])

@@ -250,7 +250,7 @@ def test_trackers_samples_and_ema_export(tmp_path, monkeypatch):
     # the exported LoRA holds the EMA weights (key names differ: compare the tensors as a multiset)
     exported_sums = sorted(float(t.double().sum()) for t in exported.values())
     assert exported_sums == pytest.approx(sorted(float(t.double().sum()) for t in shadow), abs=1e-5)
-    assert exported_sums != pytest.approx(sorted(float(t.double().sum()) for t in trained), abs=1e-5)
+    assert exported_sums != pytest.approx(sorted(float(t.detach().double().sum()) for t in trained), abs=1e-5)
 
 
 def test_tensorboard_tracker_writes_events(tmp_path):

@@ -80,25 +80,32 @@ class RolloutContext:
     gather: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
     precision: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
-    def rollout_kwargs(self) -> dict[str, Any]:
+    def rollout_kwargs(self, training: bool = True) -> dict[str, Any]:
         """The sampling settings as keyword arguments of ``policy.rollout`` (a language policy's:
-        ``sampling.language``)."""
+        ``sampling.language``); ``training`` applies ``sampling.training``, the settings of the
+        training rollouts only (False: the settings evaluations use)."""
         s = self.sampling
         if isinstance(self.policy, LanguagePolicy):
             return s.language.rollout_kwargs()
-        kwargs = {} if s.num_sde_steps is None else {"num_sde_steps": s.num_sde_steps}
-        return kwargs | {
-            "num_inference_steps": s.num_inference_steps,
-            "guidance_scale": s.guidance_scale,
-            "eta": s.eta,
-            "noise_level": s.noise_level,
-            "mode": s.mode,
-            "height": s.height,
-            "width": s.width,
-            "negative_prompt": s.negative_prompt,
-            "lcm_schedule": s.lcm_schedule,
-            "lcm_final_noise": s.lcm_final_noise,
-        }
+        overrides = s.training if training else {}
+        sde_steps = overrides.get("num_sde_steps", s.num_sde_steps)
+        kwargs = {} if sde_steps is None else {"num_sde_steps": sde_steps}
+        return (
+            kwargs
+            | {
+                "num_inference_steps": s.num_inference_steps,
+                "guidance_scale": s.guidance_scale,
+                "eta": s.eta,
+                "noise_level": s.noise_level,
+                "mode": s.mode,
+                "height": s.height,
+                "width": s.width,
+                "negative_prompt": s.negative_prompt,
+                "lcm_schedule": s.lcm_schedule,
+                "lcm_final_noise": s.lcm_final_noise,
+            }
+            | {key: value for key, value in overrides.items() if key != "num_sde_steps"}
+        )
 
     def score(
         self, trajectory: Trajectory | TokenTrajectory, outputs: Any = None, **metadata: Any
