@@ -169,9 +169,10 @@ class SamplingConfig:
     PromptRL's generator (UniRL's ``--num_sde``); None: every step. ``language``: the ``language``
     family's settings (:class:`LanguageSamplingConfig`); the diffusion families ignore them.
     ``training``: sampler settings for the training rollouts only (keys: ``eta``, ``noise_level``,
-    ``mode``, ``num_sde_steps``); evaluations and the exported pipeline keep the others, e.g.
-    ``training: {eta: 0.0}`` collects DiffusionNFT's data with the ODE sampler (the paper's
-    choice: its loss needs only clean samples) while the model is judged with eta 1."""
+    ``mode``, ``num_sde_steps``); evaluations (``Trainer.rollout_kwargs``) keep the others. E.g.
+    ``training: {eta: 0.0}`` collects DiffusionNFT's data with deterministic DDIM (its official
+    code samples with an ODE solver: the loss needs only clean samples) while the model is
+    judged with eta 1."""
 
     num_inference_steps: int = 20
     guidance_scale: float = 5.0

@@ -287,7 +287,8 @@ class Trainer:
                 steps = steps[torch.isin(steps, window.to(steps.device))]
         if steps.numel() == 0:
             raise ValueError(
-                "no stochastic sampling step to train on (eta = 0 / mode = ode, or an empty train window?)"
+                "no stochastic sampling step to train on (eta = 0 / mode = ode in sampling or sampling.training, "
+                "or an empty train window?)"
             )
         return steps
 
