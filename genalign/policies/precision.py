@@ -116,6 +116,14 @@ def merged_copy(denoiser: nn.Module) -> nn.Module:
     return clone.requires_grad_(False).eval()
 
 
+def _cast(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model.to(dtype)`` without diffusers' ``ModelMixin.to`` warning: that warning asks for
+    ``torch_dtype`` in ``from_pretrained``, which a cast of an in-memory copy cannot follow, and it
+    fires on every cast even when the model keeps no module in float32. The cast is the same one
+    ``ModelMixin.to`` makes after warning (``nn.Module.to``)."""
+    return nn.Module.to(model, dtype)
+
+
 def _replace(module: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, attribute = name.rpartition(".")
     parent = module.get_submodule(parent_name) if parent_name else module
@@ -222,7 +230,7 @@ def quantize_denoiser(
     model = merged_copy(denoiser)
     if precision in ("fp32", "bf16", "fp16"):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        return model.to(dtype), PrecisionReport(precision, "cast", False, dtype)
+        return _cast(model, dtype), PrecisionReport(precision, "cast", False, dtype)
 
     capability = _cuda_capability(model)
     if precision == "nvfp4" and (capability is None or capability < (10, 0)):
@@ -264,7 +272,7 @@ def quantize_denoiser(
 
         selected, skipped = select_linear_layers(model, skip_modules, min_dim, block=16)
         chosen = set(selected)
-        model = model.to(torch.bfloat16)
+        model = _cast(model, torch.bfloat16)
         quantize_(
             model,
             Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
@@ -278,7 +286,7 @@ def quantize_denoiser(
 
         selected, skipped = select_linear_layers(model, skip_modules, min_dim, block=NVFP4_BLOCK)
         chosen = set(selected)
-        model = model.to(torch.bfloat16)
+        model = _cast(model, torch.bfloat16)
         quantize_(
             model,
             NVFP4DynamicActivationNVFP4WeightConfig(),

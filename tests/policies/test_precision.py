@@ -203,3 +203,23 @@ def test_preview_images_stay_close_to_full_precision(sd3_policy, precision):
         assert report.simulated
     if precision != "fp32":
         assert difference.max() > 0  # the backend really changed the computation
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_casting_a_preview_copy_logs_no_warning_a_user_cannot_act_on(sd3_policy, precision):
+    """diffusers' ``ModelMixin.to(dtype)`` warns to use ``torch_dtype`` in ``from_pretrained`` on
+    every cast; the preview copy is made in memory, so that advice cannot be followed."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    diffusers_logger = logging.getLogger("diffusers")  # its handlers write to the stderr of import time
+    diffusers_logger.addHandler(handler)
+    try:
+        copy, report = quantize_denoiser(sd3_policy.denoiser, precision)
+    finally:
+        diffusers_logger.removeHandler(handler)
+    assert not [r.getMessage() for r in records if "float32" in r.getMessage()]
+    assert {p.dtype for p in copy.parameters()} == {report.compute_dtype}
+    assert sd3_policy.denoiser.dtype == torch.float32  # the policy's own denoiser is untouched
