@@ -3,9 +3,10 @@
 Self-Forcing (Huang et al. 2025, arXiv 2506.08009), Causal Forcing and LongLive distil Wan2.1 into
 causal few-step generators that produce a video block by block. This family runs that sampler on
 diffusers components: a ``SkyReelsV2DiffusionForcingPipeline`` whose
-``SkyReelsV2Transformer3DModel`` has ``num_frame_per_block = k > 1`` (a block-causal attention
-mask) and takes per-frame timesteps ``[B, F]`` (``enable_diffusion_forcing=True``), an
-``AutoencoderKLWan`` and a T5 / UMT5 text encoder.
+``SkyReelsV2Transformer3DModel`` has ``num_frame_per_block = k`` (a block-causal attention
+mask; for framewise models, k = 1, the mask diffusers omits is applied by
+:mod:`genalign.policies.video_kv_cache`) and takes per-frame timesteps ``[B, F]``
+(``enable_diffusion_forcing=True``), an ``AutoencoderKLWan`` and a T5 / UMT5 text encoder.
 
 Rollout (Self-Forcing's ``CausalInferencePipeline``; kernel :func:`genalign.sampling.self_forcing_step`):
 the latent video ``[B, C, F, h, w]`` is drawn in blocks of k frames. Each block starts from its
@@ -46,7 +47,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from genalign.policies.base import DiffusionPolicy
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.trajectory import Trajectory
-from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache, forcing_forward
+from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache, causal_forward
 from genalign.sampling import StepOutput
 from genalign.sampling.self_forcing import self_forcing_step, self_forcing_timesteps, uniform_denoising_steps
 
@@ -80,10 +81,10 @@ class ARVideoPolicy(DiffusionPolicy):
                 "the ar_video family runs a SkyReelsV2Transformer3DModel (a SkyReelsV2DiffusionForcingPipeline), "
                 f"got {type(transformer).__name__}"
             )
-        if int(transformer.config.num_frame_per_block) < 2:
+        if int(transformer.config.num_frame_per_block) < 1:
             raise ValueError(
-                f"transformer.config.num_frame_per_block is {transformer.config.num_frame_per_block}: diffusers "
-                "applies its block-causal mask only for blocks of 2 or more latent frames"
+                f"transformer.config.num_frame_per_block is {transformer.config.num_frame_per_block}: "
+                "a block holds at least one latent frame"
             )
         super().__init__(pipeline, **kwargs)
 
@@ -165,10 +166,7 @@ class ARVideoPolicy(DiffusionPolicy):
         embeds = conditioning["prompt_embeds"].to(self.device, self.model_dtype)
         latents = latents.to(self.device, self.model_dtype)
         timesteps = timesteps.to(self.device, torch.float32)
-        if self.local_window is not None:
-            with block_kv_cache(self.denoiser, self.local_window) as cache:
-                return cache.run(latents, timesteps, embeds, write=False).float()
-        return forcing_forward(self.denoiser, latents, timesteps, embeds).float()
+        return causal_forward(self.denoiser, latents, timesteps, embeds, self.local_window).float()
 
     def predict_video_x0(
         self, latents: torch.Tensor, timesteps: torch.Tensor, conditioning: dict[str, torch.Tensor]

@@ -13,13 +13,16 @@ diffusers ``SkyReelsV2DiffusionForcingPipeline`` folder instead. :func:`convert_
    (``diffusers.loaders.single_file_utils.convert_wan_transformer_to_diffusers``, the mapping
    ``from_single_file`` uses for Wan);
 3. builds a ``SkyReelsV2Transformer3DModel`` from the base Wan2.1 folder's transformer config with
-   ``num_frame_per_block`` set (3 for Self-Forcing, chunkwise Causal Forcing and LongLive), loads
+   ``num_frame_per_block`` set (3 for Self-Forcing, chunkwise Causal Forcing and LongLive; 1 for
+   framewise Causal Forcing, whose frame-causal mask :mod:`genalign.policies.video_kv_cache`
+   applies, as diffusers builds none for blocks of 1), loads
    the weights strictly (a missing or unexpected key is an error naming it);
 4. takes the VAE, text encoder, tokenizer and scheduler of the base folder
    (``Wan-AI/Wan2.1-T2V-1.3B-Diffusers`` by default) and saves the pipeline to ``out``.
 
-Not converted: LongLive's LoRA initialisation (``lora.pt``; merge it first) and framewise Causal
-Forcing (``num_frame_per_block = 1``, which diffusers runs without a causal mask). The command is
+Not converted: LongLive's LoRA initialisation (``lora.pt``; merge it first). Framewise Causal
+Forcing converts with ``num_frame_per_block=1`` on the assumption that its checkpoint has the
+chunkwise one's layout (no released weights to check against offline). The command is
 ``genalign convert-ar-video CHECKPOINT --out DIR``; docs/astrolabe.md says what maps.
 """
 
@@ -105,10 +108,9 @@ def convert_causal_wan(
     (module docstring). ``dtype``: cast the transformer (None: as stored). Returns ``out``."""
     from diffusers import SkyReelsV2DiffusionForcingPipeline, SkyReelsV2Transformer3DModel
 
-    if num_frame_per_block < 2:
+    if num_frame_per_block < 1:
         raise ValueError(
-            f"num_frame_per_block {num_frame_per_block}: the ar_video family needs blocks of 2 or more latent "
-            "frames (diffusers applies no causal mask to framewise models)"
+            f"num_frame_per_block {num_frame_per_block}: a block holds at least one latent frame"
         )
     state = causal_wan_state_dict(_load_checkpoint(Path(checkpoint)), key)
     config = dict(SkyReelsV2Transformer3DModel.load_config(base, subfolder="transformer"))

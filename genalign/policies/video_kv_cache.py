@@ -35,6 +35,12 @@ length; rotary positions stay absolute (keys are stored rotated at their own fra
 official cache does). The recompute path applies the same window as a mask over the whole
 sequence (:meth:`VideoKVCache.run` on an empty cache), so both paths give the same videos.
 
+**Framewise models** (``num_frame_per_block = 1``, Causal Forcing's framewise variant): diffusers
+builds its block-causal mask only for blocks of 2 or more frames and runs a framewise model
+bidirectionally. Here the cache supplies the frame-causal mask itself whenever several frames run
+at once (:meth:`VideoKVCache.run`), and :func:`causal_forward` routes a framewise model's
+whole-sequence forward through an empty cache, so every path is causal.
+
 Limits: gradients flow through the frames being run but not into the cached keys and values when
 those were written under ``torch.no_grad`` (a streaming window's detached history). LongLive's
 ``global_sink`` option (the sink region protected during KV recomputation after a prompt switch)
@@ -61,6 +67,7 @@ __all__ = [
     "VideoKVCache",
     "apply_rotary_embedding",
     "block_kv_cache",
+    "causal_forward",
     "forcing_forward",
 ]
 
@@ -91,6 +98,23 @@ def forcing_forward(
         enable_diffusion_forcing=True,
         return_dict=False,
     )[0]
+
+
+def causal_forward(
+    transformer: Any,
+    latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    window: LocalWindow | None = None,
+) -> torch.Tensor:
+    """:func:`forcing_forward` made causal for every model: blocks of 2 or more frames without a
+    window run diffusers' forward (its block-causal mask); a framewise model (blocks of 1), or
+    any model under a LongLive ``window``, runs through an empty :class:`VideoKVCache`, which
+    applies the mask itself."""
+    if window is None and int(transformer.config.num_frame_per_block) > 1:
+        return forcing_forward(transformer, latents, timesteps, encoder_hidden_states)
+    with block_kv_cache(transformer, window) as cache:
+        return cache.run(latents, timesteps, encoder_hidden_states, write=False)
 
 
 @dataclass(frozen=True)
@@ -177,12 +201,18 @@ class VideoKVCache:
         self, num_frames: int, tokens_per_frame: int, device: torch.device
     ) -> torch.Tensor | None:
         """The token mask ``[1, 1, S, S_cached + S]`` of ``num_frames`` frames run from
-        ``self.frames`` under the window (None without one)."""
-        if self.window is None:
+        ``self.frames`` under the window; without one, the frame-causal mask of a framewise model
+        running several frames (diffusers builds none for blocks of 1); else None (diffusers'
+        own block-causal mask, every cached frame visible)."""
+        if self.window is None and (self.block_size > 1 or num_frames == 1):
             return None
         new = torch.arange(self.frames, self.frames + num_frames)
         block_end = (new // self.block_size + 1) * self.block_size
-        frames = self.window.visible(block_end, torch.cat([self.cached_frames, new]))
+        keys = torch.cat([self.cached_frames, new])
+        if self.window is None:
+            frames = keys[None, :] < block_end[:, None]
+        else:
+            frames = self.window.visible(block_end, keys)
         tokens = frames.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
         return tokens[None, None].to(device)
 
@@ -255,7 +285,7 @@ class CachedSelfAttention(SkyReelsV2AttnProcessor):
         key = apply_rotary_embedding(key, *self.cache.rotary)
         cached = self.cache.keys[self.layer]
         key, value = self.cache.attend(self.layer, key, value)  # (B, S_cached + S, heads, D)
-        if self.cache.mask is not None:  # a local window: it holds the block-causal mask too
+        if self.cache.mask is not None:  # a local window or a framewise model: the whole mask
             attention_mask = self.cache.mask
         elif attention_mask is not None and cached is not None:  # several blocks run at once: keep
             # their block-causal mask among themselves, every cached frame visible

@@ -251,3 +251,64 @@ def test_a_streaming_window_under_the_local_window_saves_nothing_that_grows_with
 
     short, long = saved(8), saved(24)
     assert short > 0 and short == long
+
+
+# ---- framewise models (num_frame_per_block = 1, Causal Forcing's framewise variant) -------------
+
+
+@pytest.fixture(scope="module")
+def framewise(tmp_path_factory):
+    from genalign.tiny.video import ar_video_pipeline
+
+    policy = ARVideoPolicy.from_pipe(ar_video_pipeline(seed=0, num_frame_per_block=1), lora={"rank": 4})
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for name, parameter in policy.denoiser.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    return policy
+
+
+def test_a_framewise_model_is_frame_causal_where_diffusers_alone_is_not(framewise):
+    assert framewise.block_size == 1
+    generator = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 4, 4, 8, 8, generator=generator)
+    conditioning = framewise.encode_prompts(PROMPTS[:1], 1.0, "")
+    timesteps = torch.tensor([[0.0, 250.0, 500.0, 900.0]])
+    changed = latents.clone()
+    changed[:, :, 3] = torch.randn(1, 4, 8, 8, generator=generator)  # the last frame only
+    with torch.no_grad():
+        out = framewise.transformer_output(latents, timesteps, conditioning)
+        out_changed = framewise.transformer_output(changed, timesteps, conditioning)
+        embeds = conditioning["prompt_embeds"]
+        plain = video_kv_cache.forcing_forward(framewise.denoiser, latents, timesteps, embeds)
+        plain_changed = video_kv_cache.forcing_forward(framewise.denoiser, changed, timesteps, embeds)
+        # frame 1 run alone after frames 0 (a causal model's output for it cannot depend on more)
+        alone = framewise.transformer_output(latents[:, :, :2], timesteps[:, :2], conditioning)
+    assert torch.equal(out[:, :, :3], out_changed[:, :, :3])
+    assert not torch.allclose(out[:, :, 3], out_changed[:, :, 3])
+    torch.testing.assert_close(out[:, :, :2], alone, atol=1e-5, rtol=1e-5)
+    # why genalign masks: diffusers' own forward lets every frame see the last one
+    assert not torch.allclose(plain[:, :, :3].float(), plain_changed[:, :, :3].float())
+
+
+def test_a_framewise_kv_cache_rollout_equals_its_recompute_and_log_probs_match(framewise):
+    cached = framewise.rollout(PROMPTS, group_size=2, generator=0, num_frames=3, kv_cache=True, **SIZE)
+    recomputed = framewise.rollout(PROMPTS, group_size=2, generator=0, num_frames=3, kv_cache=False, **SIZE)
+    torch.testing.assert_close(cached.latents, recomputed.latents, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cached.images, recomputed.images, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        log_probs = framewise.log_prob(cached)
+    steps = cached.stochastic_steps()
+    torch.testing.assert_close(log_probs[:, steps], cached.log_probs[:, steps], atol=1e-2, rtol=1e-5)
+
+
+def test_a_framewise_streaming_window_equals_the_full_forward(framewise):
+    generator = torch.Generator().manual_seed(4)
+    latents = torch.randn(1, 4, 5, 8, 8, generator=generator)
+    timesteps = torch.tensor([[0.0, 0.0, 0.0, 400.0, 800.0]])
+    conditioning = framewise.encode_prompts(PROMPTS[:1], 1.0, "")
+    with torch.no_grad():
+        full = framewise.predict_video_x0(latents, timesteps, conditioning)
+        window = framewise.predict_window_x0(latents, timesteps, conditioning, window_start=3)
+    torch.testing.assert_close(window, full[:, :, 3:], atol=1e-5, rtol=1e-5)

@@ -85,6 +85,13 @@ def test_convert_writes_an_ar_video_folder_with_the_checkpoint_weights(base_and_
     assert policy.block_size == 2
     video = policy.rollout(["a red circle"], generator=0, num_frames=4, height=32, width=32).images
     assert video.shape[:2] == (1, 1 + 3 * policy.temporal_factor) and torch.isfinite(video).all()
+    # framewise Causal Forcing: blocks of one latent frame
+    framewise = load_policy(
+        "ar_video", str(convert_causal_wan(checkpoint, tmp_path / "fw", base=base, num_frame_per_block=1))
+    )
+    assert framewise.block_size == 1
+    video = framewise.rollout(["a red circle"], generator=0, num_frames=3, height=32, width=32).images
+    assert video.shape[:2] == (1, 1 + 2 * framewise.temporal_factor) and torch.isfinite(video).all()
     # the plain generator on request
     out = convert_causal_wan(checkpoint, tmp_path / "raw", base=base, num_frame_per_block=2, key="generator")
     assert all(v.abs().sum() == 0 for v in load_policy("ar_video", str(out)).denoiser.state_dict().values())
@@ -96,8 +103,8 @@ def test_bad_checkpoints_are_one_line_errors_naming_what_is_wrong(base_and_sourc
     checkpoint = official_checkpoint(tmp_path / "partial.pt", source, drop=dropped)
     with pytest.raises(ValueError, match=f"missing \\['{dropped}'\\] \\(1\\)"):
         convert_causal_wan(checkpoint, tmp_path / "x", base=base, num_frame_per_block=2)
-    with pytest.raises(ValueError, match="framewise"):
-        convert_causal_wan(checkpoint, tmp_path / "x", base=base, num_frame_per_block=1)
+    with pytest.raises(ValueError, match="num_frame_per_block 0: a block holds at least one latent frame"):
+        convert_causal_wan(checkpoint, tmp_path / "x", base=base, num_frame_per_block=0)
     torch.save({"optimizer": {"lr": 1.0}}, tmp_path / "empty.pt")
     code = main(
         ["convert-ar-video", str(tmp_path / "empty.pt"), "--out", str(tmp_path / "y"), "--base", str(base)]

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from genalign.policies.video_kv_cache import forcing_forward
+from genalign.policies.video_kv_cache import causal_forward
 from genalign.toy.generators.budget import TrainBudget, recipe_budget
 from genalign.toy.generators.build import clip_text_encoder
 from genalign.toy.generators.train import train_and_save
@@ -89,7 +89,7 @@ def diffusion_forcing_loss(
     if noise is None:
         noise = torch.randn(latents.shape, generator=generator)
     noised = (1 - sigma) * latents + sigma * noise  # x_t
-    velocity = forcing_forward(transformer, noised, timesteps, prompt_embeds)
+    velocity = causal_forward(transformer, noised, timesteps, prompt_embeds)
     error = (velocity.float() - (noise - latents)).pow(2).mean(dim=(1, 3, 4))  # (B, F)
     return (error * noisy).sum() / (noisy.sum() * 1.0).clamp(min=1.0)
 
