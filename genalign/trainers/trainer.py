@@ -213,8 +213,7 @@ class Trainer:
         )
 
     def rollout_kwargs(self) -> dict[str, Any]:
-        """The recipe's sampling settings as keyword arguments of ``policy.rollout``, as evaluations
-        use them: without ``sampling.training``, which only the training rollouts see."""
+        """The sampling as evaluations use it (``policy.rollout`` keywords, no ``sampling.training``)."""
         return self.rollout_context().rollout_kwargs(training=False)
 
     @property
@@ -287,8 +286,7 @@ class Trainer:
                 steps = steps[torch.isin(steps, window.to(steps.device))]
         if steps.numel() == 0:
             raise ValueError(
-                "no stochastic sampling step to train on (eta = 0 / mode = ode in sampling or sampling.training, "
-                "or an empty train window?)"
+                "no stochastic step to train on (eta 0 / mode ode in sampling or sampling.training, or an empty train window?)"
             )
         return steps
 
