@@ -77,28 +77,41 @@ def test_lock_of_another_host_is_not_taken_over(tmp_path):
 
 
 def test_two_runs_racing_for_one_folder(tmp_path):
-    """Two processes lock the folder at once: exactly one wins, the other fails with a message."""
-    script = (
-        "import sys, time\n"
-        "from genalign.trainers.run_folder import RunFolderLock, RunFolderError\n"
-        "go = float(sys.argv[2])\n"
-        "time.sleep(max(0.0, go - time.time()))\n"
-        "try:\n"
-        "    lock = RunFolderLock(sys.argv[1]); lock.acquire()\n"
-        "except RunFolderError as error:\n"
-        "    print(error); sys.exit(3)\n"
-        "time.sleep(2); lock.release()\n"
-    )
-    import time
+    """Two processes lock the folder at once: exactly one wins, the other fails with a message.
 
-    go = str(time.time() + 3.0)
+    Both wait until the other has imported (a fixed start time lost the race on a loaded machine:
+    one import outlasted the other's whole run, and both won in turn), and the winner holds the
+    lock until the loser has tried (at most 30 s, after which a broken lock lets both win)."""
+    script = (
+        "import pathlib, sys, time\n"
+        "from genalign.trainers.run_folder import RunFolderLock, RunFolderError\n"
+        "folder, signals = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+        "(signals / ('ready-' + sys.argv[3])).touch()\n"
+        "while len(list(signals.glob('ready-*'))) < 2:\n"
+        "    time.sleep(0.01)\n"
+        "try:\n"
+        "    lock = RunFolderLock(folder); lock.acquire()\n"
+        "except RunFolderError as error:\n"
+        "    print(error); (signals / 'lost').touch(); sys.exit(3)\n"
+        "deadline = time.time() + 30\n"
+        "while not (signals / 'lost').exists() and time.time() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "lock.release()\n"
+    )
+    folder, signals = tmp_path / "run", tmp_path / "signals"
+    folder.mkdir()
+    signals.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     runs = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(tmp_path), go], stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-c", script, str(folder), str(signals), str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        for _ in range(2)
+        for i in range(2)
     ]
-    codes = sorted(run.wait(timeout=60) for run in runs)
+    codes = sorted(run.wait(timeout=120) for run in runs)
     assert codes == [0, 3]
-    assert not (tmp_path / LOCK_FILE).exists()
+    assert "in use by a live run" in "".join(run.stdout.read() for run in runs)  # the loser's one line
+    assert not (folder / LOCK_FILE).exists()
