@@ -120,12 +120,12 @@ def main() -> None:
         f"SD3-layout transformer: {parameters / 1e6:.1f}M parameters, {size}x{size} px ({tokens} tokens), {where}"
     )
     base, base_report = quantize_denoiser(policy.denoiser, base_name)
-    int8, report = quantize_denoiser(policy.denoiser, fast_name)
+    fast, report = quantize_denoiser(policy.denoiser, fast_name)
     print(
         f"{fast_name}: {len(report.quantized)} linear layers quantised, {len(report.skipped)} kept ({report.backend})"
     )
 
-    # 1. Speed: the same rollout with the fp32 and the int8 denoiser
+    # 1. Speed: the same rollout with the reference and the cheap denoiser
     seeds = torch.arange(args.batch) + 100
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.batch)]
     kwargs = {
@@ -137,16 +137,16 @@ def main() -> None:
     }
     noise = initial_noise(policy, seeds, size, size)
 
-    def fp32_rollout():
+    def base_rollout():
         with swapped_denoiser(policy, base, base_report.compute_dtype):
             return policy.rollout(prompts, seeds=seeds, latents=noise, **kwargs)
 
-    def int8_rollout():
-        with swapped_denoiser(policy, int8, report.compute_dtype):
+    def fast_rollout():
+        with swapped_denoiser(policy, fast, report.compute_dtype):
             return policy.rollout(prompts, seeds=seeds, latents=noise, **kwargs)
 
-    comparison = compare(int8_rollout, fp32_rollout, repeats=args.repeats, warmup=1, device=args.device)
-    difference = float((int8_rollout().images.float() - fp32_rollout().images.float()).abs().max())
+    comparison = compare(fast_rollout, base_rollout, repeats=args.repeats, warmup=1, device=args.device)
+    difference = float((fast_rollout().images.float() - base_rollout().images.float()).abs().max())
     summary = comparison.summary() if hasattr(comparison, "summary") else {}
     ratio = comparison.ratio
     print(
@@ -177,8 +177,8 @@ def main() -> None:
         f"{base_name}, {args.preview_steps} steps": scores(
             base, base_report.compute_dtype, args.preview_steps
         ),
-        f"{fast_name}, {args.steps} steps": scores(int8, report.compute_dtype),
-        f"{fast_name}, {args.preview_steps} steps": scores(int8, report.compute_dtype, args.preview_steps),
+        f"{fast_name}, {args.steps} steps": scores(fast, report.compute_dtype),
+        f"{fast_name}, {args.preview_steps} steps": scores(fast, report.compute_dtype, args.preview_steps),
     }
     nvfp4, nvfp4_report = quantize_denoiser(policy.denoiser, "nvfp4_simulated")
     previews[f"nvfp4 (SIMULATED), {args.preview_steps} steps"] = scores(
