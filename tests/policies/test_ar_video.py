@@ -16,8 +16,12 @@ SIZE = {"height": 32, "width": 32}
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     os.environ["GENALIGN_TINY_CACHE"] = str(tmp_path_factory.getbasetemp() / "tiny-cache")
-    policy = load_policy("ar_video", "tiny:ar_video", lora={"rank": 4})
-    with torch.no_grad():  # non-zero LoRA B, so the adapters take part in every path below
+    return with_nonzero_lora(load_policy("ar_video", "tiny:ar_video", lora={"rank": 4}))
+
+
+def with_nonzero_lora(policy: ARVideoPolicy) -> ARVideoPolicy:
+    """Non-zero LoRA B, so the adapters take part in every path the tests run."""
+    with torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         for name, parameter in policy.denoiser.named_parameters():
             if "lora_B" in name:
@@ -260,13 +264,8 @@ def test_a_streaming_window_under_the_local_window_saves_nothing_that_grows_with
 def framewise(tmp_path_factory):
     from genalign.tiny.video import ar_video_pipeline
 
-    policy = ARVideoPolicy.from_pipe(ar_video_pipeline(seed=0, num_frame_per_block=1), lora={"rank": 4})
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for name, parameter in policy.denoiser.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
-    return policy
+    pipeline = ar_video_pipeline(seed=0, num_frame_per_block=1)
+    return with_nonzero_lora(ARVideoPolicy.from_pipe(pipeline, lora={"rank": 4}))
 
 
 def test_a_framewise_model_is_frame_causal_where_diffusers_alone_is_not(framewise):
