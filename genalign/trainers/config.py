@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 from genalign.config import ConfigError, load_config, to_dict
 from genalign.trainers.train_config import TrainConfig
@@ -197,9 +197,10 @@ class SamplingConfig:
                 f"sampling.training.{unknown[0]} is not a sampler setting the training rollouts can "
                 f"override; choose from {list(self.TRAINING_KEYS)}"
             )
-        if "mode" in self.training and self.training["mode"] not in ("sde", "cps", "ode"):
+        modes = get_args(get_type_hints(SamplingConfig)["mode"])  # the field's own Literal
+        if "mode" in self.training and self.training["mode"] not in modes:
             raise ConfigError(
-                f"sampling.training.mode must be sde, cps or ode, got {self.training['mode']!r}"
+                f"sampling.training.mode must be {', '.join(modes[:-1])} or {modes[-1]}, got {self.training['mode']!r}"
             )
         if self.num_inference_steps <= 0:
             raise ConfigError(

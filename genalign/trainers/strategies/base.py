@@ -87,25 +87,22 @@ class RolloutContext:
         s = self.sampling
         if isinstance(self.policy, LanguagePolicy):
             return s.language.rollout_kwargs()
-        overrides = s.training if training else {}
-        sde_steps = overrides.get("num_sde_steps", s.num_sde_steps)
-        kwargs = {} if sde_steps is None else {"num_sde_steps": sde_steps}
-        return (
-            kwargs
-            | {
-                "num_inference_steps": s.num_inference_steps,
-                "guidance_scale": s.guidance_scale,
-                "eta": s.eta,
-                "noise_level": s.noise_level,
-                "mode": s.mode,
-                "height": s.height,
-                "width": s.width,
-                "negative_prompt": s.negative_prompt,
-                "lcm_schedule": s.lcm_schedule,
-                "lcm_final_noise": s.lcm_final_noise,
-            }
-            | {key: value for key, value in overrides.items() if key != "num_sde_steps"}
-        )
+        settings = {
+            "num_sde_steps": s.num_sde_steps,
+            "num_inference_steps": s.num_inference_steps,
+            "guidance_scale": s.guidance_scale,
+            "eta": s.eta,
+            "noise_level": s.noise_level,
+            "mode": s.mode,
+            "height": s.height,
+            "width": s.width,
+            "negative_prompt": s.negative_prompt,
+            "lcm_schedule": s.lcm_schedule,
+            "lcm_final_noise": s.lcm_final_noise,
+        } | (s.training if training else {})
+        if settings["num_sde_steps"] is None:  # every step stochastic: the policy's default
+            del settings["num_sde_steps"]
+        return settings
 
     def score(
         self, trajectory: Trajectory | TokenTrajectory, outputs: Any = None, **metadata: Any
