@@ -7,8 +7,12 @@ STAMP := $(VENV)/.genalign-installed
 DEMO_STAMP := $(VENV)/.genalign-demo-installed
 PYTEST_ARGS ?=
 # pip skips byte-compiling every installed file (about a minute on 2 cores); Python compiles the
-# modules a run imports on first use and caches them
+# modules a run imports on first use and caches them. That cache needs PYTHONDONTWRITEBYTECODE
+# unset: where a shell or container sets it, every process (each `genalign` command, each test
+# subprocess) compiled torch, diffusers and transformers again, about 11 s each on 2 cores. The
+# cache goes into .venv and the checkout's (git-ignored) __pycache__ folders only.
 PIP_INSTALL := $(PIP) install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install test test-fast lint format demo bench clean
 
