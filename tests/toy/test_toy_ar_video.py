@@ -161,3 +161,63 @@ def test_the_reflow_ode_runs_block_by_block_causally(small_pipeline):
     again = ode_video_samples(policy, changed, embeds, num_steps=2)
     torch.testing.assert_close(again[:, :, :4], clean[:, :, :4])  # earlier blocks never see later ones
     assert not torch.allclose(again[:, :, 4:], clean[:, :, 4:])
+
+
+def test_caption_dropout_swaps_in_the_empty_caption_and_is_off_by_default(small_pipeline, monkeypatch):
+    from genalign.toy.generators import video_train
+
+    seen = []
+    monkeypatch.setattr(
+        video_train, "diffusion_forcing_loss", lambda tr, lat, emb, gen, noise=None: seen.append(emb) or 0
+    )
+    embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"])
+    empty = prompt_embeddings(small_pipeline, [""])
+    assert not torch.allclose(empty[0], embeds[0])
+    latents = torch.zeros(2, 4, 8, 12, 12)
+    plain = video_train.minibatch_forcing_loss(None, latents, embeds, 64, seed=0)
+    plain(0)
+    assert all(any(torch.equal(row, e) for e in embeds) for row in seen.pop())
+    dropped = video_train.minibatch_forcing_loss(None, latents, embeds, 64, 0, None, 0.25, empty)
+    for step in range(8):
+        dropped(step)
+    rows = torch.cat(seen)
+    is_empty = torch.tensor([torch.equal(row, empty[0]) for row in rows])
+    assert all(torch.equal(row, embeds[0]) or torch.equal(row, embeds[1]) for row in rows[~is_empty])
+    assert is_empty.float().mean().item() == pytest.approx(0.25, abs=0.06)  # 512 draws
+    with pytest.raises(ValueError, match="empty_embeds"):
+        video_train.minibatch_forcing_loss(None, latents, embeds, 4, 0, None, 0.1)
+    with pytest.raises(ValueError, match="caption_dropout"):
+        video_train.minibatch_forcing_loss(None, latents, embeds, 4, 0, None, 1.0, empty)
+
+
+def test_the_guided_ode_extrapolates_from_the_unconditional_branch(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_reflow import ode_video_samples
+
+    policy = ARVideoPolicy(small_pipeline)
+    embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"])
+    empty = prompt_embeddings(small_pipeline, [""])
+    noise = torch.randn(2, 4, 8, 12, 12, generator=torch.Generator().manual_seed(0))
+    conditional = ode_video_samples(policy, noise, embeds, num_steps=2)
+    unconditional = ode_video_samples(policy, noise, empty.expand_as(embeds), num_steps=2)
+    # w = 1 is the conditional model, w = 0 the unconditional one, whatever the blocks and steps
+    torch.testing.assert_close(ode_video_samples(policy, noise, embeds, 2, 1.0, empty), conditional)
+    torch.testing.assert_close(ode_video_samples(policy, noise, embeds, 2, 0.0, empty), unconditional)
+    # one block and one Euler step from sigma 1: x0 = noise - v, so x0 is linear in the guidance
+    one = noise[:, :, : policy.block_size]
+    c, u = (ode_video_samples(policy, one, e, num_steps=1) for e in (embeds, empty.expand_as(embeds)))
+    torch.testing.assert_close(ode_video_samples(policy, one, embeds, 1, 3.0, empty), u + 3.0 * (c - u))
+    with pytest.raises(ValueError, match="negative_embeds"):
+        ode_video_samples(policy, noise, embeds, 2, 2.0)
+
+
+def test_the_ode_evaluation_samples_decodes_and_scores(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_eval import evaluate_video_ode
+
+    policy = ARVideoPolicy(small_pipeline)
+    result = evaluate_video_ode(policy, per_category=2, steps=2, guidance_scale=2.0)
+    assert sum(result["counts"].values()) == 8 and 0.0 <= result["overall"] <= 1.0
+    assert result["settings"]["guidance_scale"] == 2.0 and result["settings"]["steps"] == 2
+    low, high = result["interval"]
+    assert low <= result["overall"] <= high

@@ -42,6 +42,7 @@ COMMAND_OPTIONS += (
     ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
     ("--width", "width", "toy-ar-video"),
     ("--foreground-weight", "foreground_weight", "video-vae"),
+    ("--caption-dropout", "caption_dropout", "toy-ar-video"),
 )
 
 
@@ -102,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
     parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
+    parser.add_argument(
+        "--caption-dropout",
+        type=float,
+        help="toy-ar-video: probability of training on the empty caption, for classifier-free guidance "
+        "(default 0)",
+    )
     parser.add_argument(
         "--ode-steps",
         type=int,

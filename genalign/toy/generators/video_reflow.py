@@ -52,22 +52,47 @@ def train_captions(num: int, seed: int = 0) -> list[str]:
 
 @torch.no_grad()
 def ode_video_samples(
-    policy, noise: torch.Tensor, prompt_embeds: torch.Tensor, num_steps: int = 8
+    policy,
+    noise: torch.Tensor,
+    prompt_embeds: torch.Tensor,
+    num_steps: int = 8,
+    guidance_scale: float = 1.0,
+    negative_embeds: torch.Tensor | None = None,
+    shift: float | None = None,
 ) -> torch.Tensor:
     """The Euler ODE ``x <- x + (sigma_{i+1} - sigma_i) v`` of an ``ar_video`` policy from ``noise``
     ``[B, C, F, h, w]``, block by block, each block given the finished earlier blocks as clean
-    context (the policy's :meth:`block_output`). Sigmas: the policy's shifted grid of ``num_steps``
-    steps, then 0. Returns the clean latents ``[B, C, F, h, w]``."""
-    timesteps = self_forcing_timesteps(uniform_denoising_steps(num_steps), policy.timestep_shift).float()
+    context (the policy's :meth:`block_output`). Sigmas: the shifted grid of ``num_steps`` steps
+    (``shift``, default the policy's), then 0. Returns the clean latents ``[B, C, F, h, w]``.
+
+    With ``guidance_scale`` w != 1, classifier-free guidance (Ho & Salimans 2022, eq. 6, on the
+    velocity): ``v = v_u + w (v_c - v_u)``, ``v_u`` conditioned on ``negative_embeds`` (``[1 or B,
+    L, D]``, the empty caption's for a model trained with caption dropout) with the same clean
+    context; both branches run as one batch."""
+    shift = policy.timestep_shift if shift is None else shift
+    timesteps = self_forcing_timesteps(uniform_denoising_steps(num_steps), shift).float()
     sigmas = torch.cat([timesteps / NUM_TRAIN_TIMESTEPS, torch.zeros(1)])
-    conditioning = {"prompt_embeds": prompt_embeds}
     batch, block = noise.shape[0], policy.block_size
+    guided = float(guidance_scale) != 1.0
+    if guided:
+        if negative_embeds is None:
+            raise ValueError("guidance_scale != 1 needs negative_embeds (the unconditional branch)")
+        negative = negative_embeds.expand(batch, *prompt_embeds.shape[1:]).to(prompt_embeds.dtype)
+        prompt_embeds = torch.cat([prompt_embeds, negative])
+    conditioning = {"prompt_embeds": prompt_embeds}
     clean = noise.new_zeros(noise.shape)
     for start in range(0, noise.shape[2], block):
         x = noise[:, :, start : start + block]
+        context = clean[:, :, :start]
+        if guided:
+            context = torch.cat([context, context])
         for i in range(num_steps):
-            t = torch.full((batch,), float(timesteps[i]))
-            velocity = policy.block_output(x, t, clean[:, :, :start], conditioning)
+            rows = 2 * batch if guided else batch
+            t = torch.full((rows,), float(timesteps[i]))
+            velocity = policy.block_output(torch.cat([x, x]) if guided else x, t, context, conditioning)
+            if guided:
+                conditional, unconditional = velocity.chunk(2)
+                velocity = unconditional + guidance_scale * (conditional - unconditional)
             x = x + (sigmas[i + 1] - sigmas[i]) * velocity
         clean[:, :, start : start + block] = x
     return clean

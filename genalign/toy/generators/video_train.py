@@ -101,18 +101,31 @@ def minibatch_forcing_loss(
     batch_size: int,
     seed: int,
     noise: torch.Tensor | None = None,
+    caption_dropout: float = 0.0,
+    empty_embeds: torch.Tensor | None = None,
 ) -> Callable[[int], torch.Tensor]:
     """A training step's loss (``loss_fn(step)``): :func:`diffusion_forcing_loss` on ``batch_size``
     videos drawn at random from ``latents`` / ``prompt_embeds`` (and ``noise``, reflow's paired noise),
-    drawn and noised with one generator seeded with ``seed``."""
+    drawn and noised with one generator seeded with ``seed``.
+
+    ``caption_dropout``: each drawn video's conditioning is replaced by ``empty_embeds`` (``[1, L,
+    D]``, the empty caption's) with this probability, which trains the unconditional branch of
+    classifier-free guidance (Ho & Salimans 2022, Sec. 3.2). At 0 (the default) no extra draw is
+    made, so runs without it are unchanged."""
+    if not 0.0 <= caption_dropout < 1.0:
+        raise ValueError(f"caption_dropout must be in [0, 1), got {caption_dropout}")
+    if caption_dropout > 0 and empty_embeds is None:
+        raise ValueError("caption_dropout needs empty_embeds: the empty caption's embeddings [1, L, D]")
     generator = torch.Generator().manual_seed(seed)
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(latents), (batch_size,), generator=generator)
         paired = None if noise is None else noise[index]
-        return diffusion_forcing_loss(
-            transformer, latents[index], prompt_embeds[index], generator, noise=paired
-        )
+        embeds = prompt_embeds[index]
+        if caption_dropout > 0:
+            dropped = torch.rand(batch_size, generator=generator) < caption_dropout
+            embeds = torch.where(dropped[:, None, None], empty_embeds.to(embeds.dtype), embeds)
+        return diffusion_forcing_loss(transformer, latents[index], embeds, generator, noise=paired)
 
     return loss_fn
 
@@ -141,6 +154,7 @@ def train_ar_video(
     budget: TrainBudget = AR_VIDEO_BUDGET,
     width: int = 128,
     num_layers: int = 4,
+    caption_dropout: float = 0.0,
     **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train toy-ar-video's block-causal transformer from scratch on the latents of
@@ -148,7 +162,8 @@ def train_ar_video(
     frozen text tower of ``clip_text`` (an open_clip folder: toy-clip), with
     :func:`diffusion_forcing_loss`, AdamW and an EMA of the weights (saved). ``vae``: a trained
     ``AutoencoderKLWan`` (:func:`~genalign.toy.generators.video.train_video_vae`). The data's
-    encoding counts in ``train_seconds``. Returns ``(pipeline, info)``.
+    encoding counts in ``train_seconds``. ``caption_dropout`` > 0 trains the unconditional branch
+    too (:func:`minibatch_forcing_loss`), for guided sampling. Returns ``(pipeline, info)``.
 
     The budget (default :data:`AR_VIDEO_BUDGET`) and its keywords ``steps``, ``batch_size``,
     ``lr``, ``num_videos``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and
@@ -170,7 +185,10 @@ def train_ar_video(
     training = AveragedTraining.of([transformer], budget.lr, budget.steps, budget.ema_decay, max_warmup=200)
     transformer.train()
     log = TrainingLog(budget.log_every, budget.steps, "toy-ar-video")
-    loss_fn = minibatch_forcing_loss(transformer, latents, embeds, budget.batch_size, budget.seed)
+    empty = prompt_embeddings(pipe, [""]) if caption_dropout > 0 else None
+    loss_fn = minibatch_forcing_loss(
+        transformer, latents, embeds, budget.batch_size, budget.seed, None, caption_dropout, empty
+    )
 
     def pipeline(average) -> tuple[Any, dict[str, Any]]:
         parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
