@@ -68,30 +68,17 @@ def evaluate_video_generator(
     ``settings`` (all that reproduces the numbers); with ``keep_per_video`` also ``correct`` and
     ``categories``, one per video (for paired before / after intervals).
     """
-    from genalign.policies import DiffusionPolicy, load_policy
-
     items = video_eval_items(split, per_category, num_per_prompt, seed)
     sampling = dict(VIDEO_SAMPLING, num_inference_steps=steps)
     with torch_threads(num_threads):
-        policy = (
-            path if isinstance(path, DiffusionPolicy) else load_policy("ar_video", str(path), train=False)
-        )
+        policy = _policy(path)
         videos = []
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             seeds = torch.tensor([s for _, s in chunk], dtype=torch.long)
             trajectory = policy.rollout([p.caption for p, _ in chunk], seeds=seeds, **sampling)
             videos.append(trajectory.images.float().cpu())
-        result = evaluate_videos(torch.cat(videos), [p.spec for p, _ in items])
-    per_sample = result.pop("per_sample")
-    _, low, high = accuracy_interval(
-        [float(s["correct"]) for s in per_sample], [s["category"] for s in per_sample]
-    )
-    result["interval"] = [round(low, 4), round(high, 4)]
-    if keep_per_video:
-        result["correct"] = [float(s["correct"]) for s in per_sample]
-        result["categories"] = [s["category"] for s in per_sample]
-    result["settings"] = {
+    settings = {
         "split": split,
         "per_category": per_category,
         "num_prompts": len(items) // num_per_prompt,
@@ -100,6 +87,33 @@ def evaluate_video_generator(
         **sampling,
         "sampler": "Self-Forcing (x0 prediction, re-noised with fresh noise), KV cache",
     }
+    return _scored(torch.cat(videos), items, settings, keep_per_video)
+
+
+def _policy(path: str | Path | Any):
+    """An ``ar_video`` policy: ``path`` itself when it is one, else loaded from the folder or id."""
+    from genalign.policies import DiffusionPolicy, load_policy
+
+    return path if isinstance(path, DiffusionPolicy) else load_policy("ar_video", str(path), train=False)
+
+
+def _scored(
+    videos: torch.Tensor,
+    items: list[tuple[VideoPromptSpec, int]],
+    settings: dict[str, Any],
+    keep: bool = False,
+) -> dict[str, Any]:
+    """The verifier's result on ``videos`` of ``items`` with its 95% ``interval`` and ``settings``
+    (and, with ``keep``, ``correct`` and ``categories`` per video)."""
+    result = evaluate_videos(videos, [p.spec for p, _ in items])
+    per_sample = result.pop("per_sample")
+    correct = [float(s["correct"]) for s in per_sample]
+    categories = [s["category"] for s in per_sample]
+    _, low, high = accuracy_interval(correct, categories)
+    result["interval"] = [round(low, 4), round(high, 4)]
+    if keep:
+        result["correct"], result["categories"] = correct, categories
+    result["settings"] = settings
     return result
 
 
@@ -122,15 +136,12 @@ def evaluate_video_ode(
     and classifier-free guidance ``guidance_scale`` (the empty caption as the unconditional
     branch). It measures what an undistilled generator draws, the teacher a few-step student
     would be distilled from. Video ``i``'s noise is seeded with its item seed."""
-    from genalign.policies import DiffusionPolicy, load_policy
     from genalign.toy.generators.video_reflow import ode_video_samples
     from genalign.toy.generators.video_train import prompt_embeddings
 
     items = video_eval_items(split, per_category, num_per_prompt, seed)
     with torch_threads(num_threads):
-        policy = (
-            path if isinstance(path, DiffusionPolicy) else load_policy("ar_video", str(path), train=False)
-        )
+        policy = _policy(path)
         factor = int(policy.pipeline.vae_scale_factor_spatial)
         shape = (
             int(policy.denoiser.config.in_channels),
@@ -148,15 +159,10 @@ def evaluate_video_ode(
             embeds = prompt_embeddings(policy.pipeline, [p.caption for p, _ in chunk])
             latents = ode_video_samples(policy, noise, embeds, steps, guidance_scale, negative, shift)
             videos.append(policy.decode(latents, None).float().cpu())
-        result = evaluate_videos(torch.cat(videos), [p.spec for p, _ in items])
-    per_sample = result.pop("per_sample")
-    _, low, high = accuracy_interval(
-        [float(s["correct"]) for s in per_sample], [s["category"] for s in per_sample]
-    )
-    result["interval"] = [round(low, 4), round(high, 4)]
-    result["settings"] = {
+    settings = {
         "split": split,
         "per_category": per_category,
+        "num_prompts": len(items) // num_per_prompt,
         "num_per_prompt": num_per_prompt,
         "seed": seed,
         "steps": steps,
@@ -164,4 +170,4 @@ def evaluate_video_ode(
         "shift": policy.timestep_shift if shift is None else shift,
         "sampler": "Euler ODE per block, clean earlier blocks as context",
     }
-    return result
+    return _scored(torch.cat(videos), items, settings)
