@@ -221,3 +221,16 @@ def test_the_ode_evaluation_samples_decodes_and_scores(small_pipeline):
     assert result["settings"]["guidance_scale"] == 2.0 and result["settings"]["steps"] == 2
     low, high = result["interval"]
     assert low <= result["overall"] <= high
+
+
+def test_reflow_pairs_follow_the_guided_teacher(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_reflow import ode_video_samples, reflow_pairs
+
+    policy = ARVideoPolicy(small_pipeline)
+    captions = ["a red circle falling", "a blue square rising"]
+    noise, x0, embeds = reflow_pairs(policy, captions, seed=3, num_steps=2, guidance_scale=4.0)
+    empty = prompt_embeddings(small_pipeline, [""])
+    torch.testing.assert_close(x0, ode_video_samples(policy, noise, embeds, 2, 4.0, empty))
+    _, unguided, _ = reflow_pairs(policy, captions, seed=3, num_steps=2)
+    assert not torch.allclose(x0, unguided)

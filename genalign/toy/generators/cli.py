@@ -43,6 +43,7 @@ COMMAND_OPTIONS += (
     ("--width", "width", "toy-ar-video"),
     ("--foreground-weight", "foreground_weight", "video-vae"),
     ("--caption-dropout", "caption_dropout", "toy-ar-video"),
+    ("--ode-guidance", "ode_guidance", "toy-ar-video-reflow"),
 )
 
 
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="toy-ar-video: probability of training on the empty caption, for classifier-free guidance "
         "(default 0)",
+    )
+    parser.add_argument(
+        "--ode-guidance",
+        type=float,
+        help="toy-ar-video-reflow: classifier-free guidance of the ODE pairs (default 1: none; needs a "
+        "model trained with --caption-dropout)",
     )
     parser.add_argument(
         "--ode-steps",

@@ -90,6 +90,7 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     previous = json.loads((Path(args.init) / "card.json").read_text())
     options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
     options["ode_steps"] = args.ode_steps
+    options["guidance_scale"] = args.ode_guidance
     options = {k: v for k, v in options.items() if v is not None}
     out = Path(args.out)
     _, info = train_reflow(
@@ -104,6 +105,7 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "train_seconds": info["train_seconds"],
             "num_videos": options.get("num_videos", 2000),
             "ode_steps": options.get("ode_steps", 8),
+            "ode_guidance": options.get("guidance_scale", 1.0),
             "batch_size": args.batch_size,
             "loss_history": info["loss_history"],
         },
@@ -147,7 +149,7 @@ def _reflow_line(card: dict[str, Any]) -> str:
     reflow, before = card["reflow"], card["stage_1_evals"]
     return (
         f"\n- Reflow (Liu et al. 2023): {reflow['num_videos']} pairs (noise, its {reflow['ode_steps']}-step Euler ODE "
-        f"sample, block by block), then {reflow['steps']} steps of the same loss with the paired noise, batch "
+        f"sample at guidance {reflow.get('ode_guidance', 1.0):g}, block by block), then {reflow['steps']} steps of the same loss with the paired noise, batch "
         f"{reflow['batch_size']}, {reflow['train_seconds']:.0f} s. The 4-step Self-Forcing rollout of the "
         "flow-matching model before reflow (its x0 is a posterior mean: `genalign/toy/generators/video_reflow.py`): "
         f"verifier accuracy {before['rl_heldout']:.3f} (RL-held-out) / {before['rl_train']:.3f} (RL-train)."

@@ -99,18 +99,34 @@ def ode_video_samples(
 
 
 def reflow_pairs(
-    policy, captions: list[str], seed: int = 0, num_steps: int = 8, batch_size: int = 64
+    policy,
+    captions: list[str],
+    seed: int = 0,
+    num_steps: int = 8,
+    batch_size: int = 64,
+    guidance_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(noise, x0, prompt_embeds)`` of reflow: seeded noise, its ODE sample
-    (:func:`ode_video_samples`) and the captions' embeddings (the pipeline's ``encode_prompt``)."""
+    (:func:`ode_video_samples`, guided by ``guidance_scale`` against the empty caption when it is
+    not 1) and the captions' embeddings (the pipeline's ``encode_prompt``). Trained on guided pairs,
+    the student draws the guided teacher's videos without guidance, as Self-Forcing's students of
+    guided Wan sample at guidance 1."""
     embeds = prompt_embeddings(policy.pipeline, captions)
+    negative = prompt_embeddings(policy.pipeline, [""]) if float(guidance_scale) != 1.0 else None
     channels = int(policy.denoiser.config.in_channels)
     side = VIDEO_SIZE // int(policy.pipeline.vae_scale_factor_spatial)
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(len(captions), channels, NUM_FRAMES, side, side, generator=generator)
     x0 = torch.cat(
         [
-            ode_video_samples(policy, noise[i : i + batch_size], embeds[i : i + batch_size], num_steps)
+            ode_video_samples(
+                policy,
+                noise[i : i + batch_size],
+                embeds[i : i + batch_size],
+                num_steps,
+                guidance_scale,
+                negative,
+            )
             for i in range(0, len(captions), batch_size)
         ]
     )
@@ -129,18 +145,22 @@ def train_reflow(
     ema_decay: float = 0.99,
     max_minutes: float | None = None,
     log_every: int = 100,
+    guidance_scale: float = 1.0,
 ) -> tuple[Any, dict[str, Any]]:
     """Reflow a stage-1 toy-ar-video folder ``init`` (module docstring): ``num_videos`` ODE pairs
     of train captions, then ``steps`` steps of :func:`diffusion_forcing_loss` on them with the
     paired noise, AdamW and an EMA of the weights (saved). The pairs' sampling counts in
-    ``train_seconds``. Returns ``(pipeline, info)``."""
+    ``train_seconds``. ``guidance_scale``: the teacher's classifier-free guidance when drawing the
+    pairs (:func:`reflow_pairs`; the stage-1 model must have been trained with caption dropout).
+    Returns ``(pipeline, info)``."""
     from genalign.policies import load_policy
 
     torch.manual_seed(seed)
     start = time.time()
     policy = load_policy("ar_video", str(init), train=False)
     pipe, transformer = policy.pipeline, policy.denoiser
-    noise, x0, embeds = reflow_pairs(policy, train_captions(num_videos, seed + 7000), seed, ode_steps)
+    captions = train_captions(num_videos, seed + 7000)
+    noise, x0, embeds = reflow_pairs(policy, captions, seed, ode_steps, guidance_scale=guidance_scale)
     transformer.requires_grad_(True)
     training = AveragedTraining.of([transformer], lr, steps, ema_decay, max_warmup=100)
     transformer.train()
