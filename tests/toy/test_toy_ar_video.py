@@ -213,14 +213,18 @@ def test_the_guided_ode_extrapolates_from_the_unconditional_branch(small_pipelin
 
 def test_the_ode_evaluation_samples_decodes_and_scores(small_pipeline):
     from genalign.policies.ar_video import ARVideoPolicy
-    from genalign.toy.generators.video_eval import evaluate_video_ode
+    from genalign.toy.generators.video_eval import evaluate_video_generator
 
     policy = ARVideoPolicy(small_pipeline)
-    result = evaluate_video_ode(policy, per_category=2, steps=2, guidance_scale=2.0)
+    result = evaluate_video_generator(policy, per_category=2, steps=2, sampler="ode", guidance_scale=2.0)
     assert sum(result["counts"].values()) == 8 and 0.0 <= result["overall"] <= 1.0
-    assert result["settings"]["guidance_scale"] == 2.0 and result["settings"]["steps"] == 2
+    assert result["settings"]["guidance_scale"] == 2.0 and result["settings"]["num_inference_steps"] == 2
     low, high = result["interval"]
     assert low <= result["overall"] <= high
+    with pytest.raises(ValueError, match="sampler"):
+        evaluate_video_generator(policy, per_category=2, sampler="ddim")
+    with pytest.raises(ValueError, match="without guidance"):
+        evaluate_video_generator(policy, per_category=2, guidance_scale=2.0)
 
 
 def test_reflow_pairs_follow_the_guided_teacher(small_pipeline):

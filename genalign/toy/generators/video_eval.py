@@ -47,6 +47,9 @@ def accuracy_interval(correct: list[float], categories: list[str]) -> tuple[floa
     return paired_change_interval([0.0] * len(correct), correct, categories)
 
 
+SAMPLERS = ("self_forcing", "ode")
+
+
 @torch.no_grad()
 def evaluate_video_generator(
     path: str | Path | Any,
@@ -58,26 +61,41 @@ def evaluate_video_generator(
     batch_size: int = 32,
     num_threads: int | None = None,
     keep_per_video: bool = False,
+    sampler: str = "self_forcing",
+    guidance_scale: float = 1.0,
+    shift: float | None = None,
 ) -> dict[str, Any]:
     """The verifier's accuracy on rollouts of an ``ar_video`` generator (a folder, ``tiny:`` id or
     a loaded policy) for ``split``'s prompts (:func:`video_eval_items`), sampled as
     :data:`VIDEO_SAMPLING` with ``steps`` steps per block.
+
+    ``sampler``: ``"self_forcing"`` (the policy's rollout, as RL samples) or ``"ode"``, the base
+    model's own block-by-block Euler ODE
+    (:func:`~genalign.toy.generators.video_reflow.ode_video_samples`, ``shift`` default the
+    policy's) with classifier-free guidance ``guidance_scale`` against the empty caption: what an
+    undistilled generator draws, the teacher a few-step student is distilled from. Video ``i``'s
+    noise comes from its item seed under either sampler.
 
     Returns :func:`~genalign.toy.video.evaluate_videos`'s ``overall``, ``video_accuracy``,
     ``mean_fraction``, ``per_category`` and ``counts``, plus ``interval`` (95%, of ``overall``) and
     ``settings`` (all that reproduces the numbers); with ``keep_per_video`` also ``correct`` and
     ``categories``, one per video (for paired before / after intervals).
     """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler {sampler!r}: expected one of {', '.join(SAMPLERS)}")
+    if sampler == "self_forcing" and float(guidance_scale) != 1.0:
+        raise ValueError(
+            "guidance_scale: the Self-Forcing rollout samples without guidance (use sampler='ode')"
+        )
     items = video_eval_items(split, per_category, num_per_prompt, seed)
     sampling = dict(VIDEO_SAMPLING, num_inference_steps=steps)
     with torch_threads(num_threads):
         policy = _policy(path)
-        videos = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            seeds = torch.tensor([s for _, s in chunk], dtype=torch.long)
-            trajectory = policy.rollout([p.caption for p, _ in chunk], seeds=seeds, **sampling)
-            videos.append(trajectory.images.float().cpu())
+        draw = _rollout_videos if sampler == "self_forcing" else _ode_videos(policy, guidance_scale, shift)
+        videos = [
+            draw(policy, items[start : start + batch_size], sampling)
+            for start in range(0, len(items), batch_size)
+        ]
     settings = {
         "split": split,
         "per_category": per_category,
@@ -85,9 +103,48 @@ def evaluate_video_generator(
         "num_per_prompt": num_per_prompt,
         "seed": seed,
         **sampling,
-        "sampler": "Self-Forcing (x0 prediction, re-noised with fresh noise), KV cache",
     }
+    if sampler == "self_forcing":
+        settings["sampler"] = "Self-Forcing (x0 prediction, re-noised with fresh noise), KV cache"
+    else:
+        settings["guidance_scale"] = guidance_scale
+        settings["shift"] = policy.timestep_shift if shift is None else shift
+        settings["sampler"] = "Euler ODE per block, clean earlier blocks as context"
     return _scored(torch.cat(videos), items, settings, keep_per_video)
+
+
+def _rollout_videos(
+    policy, chunk: list[tuple[VideoPromptSpec, int]], sampling: dict[str, Any]
+) -> torch.Tensor:
+    """Self-Forcing rollouts of ``chunk``'s (prompt, seed) pairs: videos ``[B, F, 3, H, W]``."""
+    seeds = torch.tensor([s for _, s in chunk], dtype=torch.long)
+    return policy.rollout([p.caption for p, _ in chunk], seeds=seeds, **sampling).images.float().cpu()
+
+
+def _ode_videos(policy, guidance_scale: float, shift: float | None):
+    """A drawer like :func:`_rollout_videos` that samples the guided Euler ODE instead."""
+    from genalign.toy.generators.video_reflow import ode_video_samples
+    from genalign.toy.generators.video_train import prompt_embeddings
+
+    negative = prompt_embeddings(policy.pipeline, [""]) if float(guidance_scale) != 1.0 else None
+    factor = int(policy.pipeline.vae_scale_factor_spatial)
+
+    def draw(policy, chunk: list[tuple[VideoPromptSpec, int]], sampling: dict[str, Any]) -> torch.Tensor:
+        shape = (
+            int(policy.denoiser.config.in_channels),
+            int(sampling["num_frames"]),
+            int(sampling["height"]) // factor,
+            int(sampling["width"]) // factor,
+        )
+        noise = torch.stack(
+            [torch.randn(shape, generator=torch.Generator().manual_seed(s)) for _, s in chunk]
+        )
+        embeds = prompt_embeddings(policy.pipeline, [p.caption for p, _ in chunk])
+        steps = int(sampling["num_inference_steps"])
+        latents = ode_video_samples(policy, noise, embeds, steps, guidance_scale, negative, shift)
+        return policy.decode(latents, None).float().cpu()
+
+    return draw
 
 
 def _policy(path: str | Path | Any):
@@ -115,59 +172,3 @@ def _scored(
         result["correct"], result["categories"] = correct, categories
     result["settings"] = settings
     return result
-
-
-@torch.no_grad()
-def evaluate_video_ode(
-    path: str | Path | Any,
-    split: str = "rl_heldout",
-    per_category: int | None = None,
-    num_per_prompt: int = 1,
-    seed: int = 0,
-    steps: int = 16,
-    guidance_scale: float = 1.0,
-    shift: float | None = None,
-    batch_size: int = 32,
-    num_threads: int | None = None,
-) -> dict[str, Any]:
-    """:func:`evaluate_video_generator` with the base model's own sampler instead of the
-    Self-Forcing rollout: the block-by-block Euler ODE of
-    :func:`~genalign.toy.generators.video_reflow.ode_video_samples` with ``steps`` steps per block
-    and classifier-free guidance ``guidance_scale`` (the empty caption as the unconditional
-    branch). It measures what an undistilled generator draws, the teacher a few-step student
-    would be distilled from. Video ``i``'s noise is seeded with its item seed."""
-    from genalign.toy.generators.video_reflow import ode_video_samples
-    from genalign.toy.generators.video_train import prompt_embeddings
-
-    items = video_eval_items(split, per_category, num_per_prompt, seed)
-    with torch_threads(num_threads):
-        policy = _policy(path)
-        factor = int(policy.pipeline.vae_scale_factor_spatial)
-        shape = (
-            int(policy.denoiser.config.in_channels),
-            NUM_FRAMES,
-            VIDEO_SIZE // factor,
-            VIDEO_SIZE // factor,
-        )
-        negative = prompt_embeddings(policy.pipeline, [""]) if float(guidance_scale) != 1.0 else None
-        videos = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            noise = torch.stack(
-                [torch.randn(shape, generator=torch.Generator().manual_seed(s)) for _, s in chunk]
-            )
-            embeds = prompt_embeddings(policy.pipeline, [p.caption for p, _ in chunk])
-            latents = ode_video_samples(policy, noise, embeds, steps, guidance_scale, negative, shift)
-            videos.append(policy.decode(latents, None).float().cpu())
-    settings = {
-        "split": split,
-        "per_category": per_category,
-        "num_prompts": len(items) // num_per_prompt,
-        "num_per_prompt": num_per_prompt,
-        "seed": seed,
-        "steps": steps,
-        "guidance_scale": guidance_scale,
-        "shift": policy.timestep_shift if shift is None else shift,
-        "sampler": "Euler ODE per block, clean earlier blocks as context",
-    }
-    return _scored(torch.cat(videos), items, settings)
