@@ -102,30 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="toy-flow: MMDiT blocks of a new transformer (default 3); toy-ar-video: blocks (4)",
     )
-    parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
-    parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
-    parser.add_argument(
-        "--caption-dropout",
-        type=float,
-        help="toy-ar-video: probability of training on the empty caption, for classifier-free guidance "
-        "(default 0)",
-    )
-    parser.add_argument(
-        "--ode-guidance",
-        type=float,
-        help="toy-ar-video-reflow: classifier-free guidance of the ODE pairs (default 1: none; needs a "
-        "model trained with --caption-dropout)",
-    )
-    parser.add_argument(
-        "--ode-steps",
-        type=int,
-        help="toy-ar-video-reflow: Euler steps per block of the ODE pairs (default 8)",
-    )
-    parser.add_argument(
-        "--foreground-weight",
-        type=float,
-        help="video-vae: weight of shape pixels in the reconstruction loss, the white background's being 1 (default 5)",
-    )
+    _add_video_options(parser)
     parser.add_argument(
         "--v-weight-cap",
         type=float,
@@ -156,6 +133,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="card: also score the colour category of the train prompts with this many images per prompt",
     )
     return parser
+
+
+def _add_video_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the video commands (video-vae, toy-ar-video, toy-ar-video-reflow)."""
+    parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
+    parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
+    parser.add_argument(
+        "--caption-dropout",
+        type=float,
+        help="toy-ar-video: probability of training on the empty caption, for classifier-free guidance "
+        "(default 0)",
+    )
+    parser.add_argument(
+        "--ode-guidance",
+        type=float,
+        help="toy-ar-video-reflow: classifier-free guidance of the ODE pairs (default 1: none; needs a "
+        "model trained with --caption-dropout)",
+    )
+    parser.add_argument(
+        "--ode-steps",
+        type=int,
+        help="toy-ar-video-reflow: Euler steps per block of the ODE pairs (default 8)",
+    )
+    parser.add_argument(
+        "--foreground-weight",
+        type=float,
+        help="video-vae: weight of shape pixels in the reconstruction loss, the white background's being 1 (default 5)",
+    )
 
 
 def _training_options(args: argparse.Namespace) -> dict[str, Any]:
