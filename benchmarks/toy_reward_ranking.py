@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eta", type=float, default=1.0)
     parser.add_argument("--out", default=None, help="also write the per-sample rows here (JSON)")
     parser.add_argument("--model", default=str(ROOT / "assets/models/toy-sd"), help="the sd-family generator")
+    parser.add_argument(
+        "--vlm",
+        action="append",
+        default=[],
+        help="also rank with this toy VLM folder's VQAScore (e.g. assets/models/toy-vlm-iqa); repeatable",
+    )
     args = parser.parse_args(argv)
 
     specs = {p.caption: p for p in prompts_for("rl_train")}
@@ -86,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         prompts += chosen[: args.per_category]
 
     policy = load_policy("sd", args.model)
-    rewards = {name: load_reward(kind, **kwargs) for name, (kind, kwargs) in REWARDS.items()}
+    chosen_rewards = dict(REWARDS)
+    for folder in args.vlm:
+        chosen_rewards[f"{Path(folder).name} VQAScore"] = ("vlm_yes", {"model": folder, "batch_size": 64})
+    rewards = {name: load_reward(kind, **kwargs) for name, (kind, kwargs) in chosen_rewards.items()}
     rows = []
     for index, prompt in enumerate(prompts):
         seeds = torch.arange(args.group) + 1000 * index + 100_003 * args.seed
