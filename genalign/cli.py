@@ -81,6 +81,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from genalign.trainers.config import load_recipe
+    from genalign.trainers.distributed import release_process_group
     from genalign.trainers.trainer import build_trainer
 
     config = load_recipe(args.config, args.overrides)
@@ -89,6 +90,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if main_process:
         print(f"run folder: {trainer.run_dir}")
     history = trainer.train()
+    release_process_group(trainer.accelerator)  # not after an error: a barrier could wait forever
     if main_process:
         applied = [m for m in history if not m.get("skipped")]
         if applied:

@@ -121,3 +121,18 @@ def load_full_optimizer_state(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def release_process_group(accelerator: Any) -> None:
+    """End a multi-process run's communication: a barrier, then destroy the default process group.
+
+    Left to the interpreter's exit, gloo's process group was torn down with its threads still
+    running and a rank could abort ("terminate called without an active exception", SIGABRT) after
+    a finished run, which torchrun reports as a failed job (seen in CI on the FSDP resume test).
+    PyTorch asks for ``destroy_process_group`` before exit. Single-process runs have no group: a
+    no-op. Call it once nothing more is gathered (the trainer's ``train`` leaves the group up, so a
+    script can still gather the trained weights)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    accelerator.wait_for_everyone()
+    accelerator.state.destroy_process_group()

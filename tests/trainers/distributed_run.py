@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 
 from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.distributed import release_process_group
 from genalign.trainers.trainer_state import trainable_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,7 @@ def main(out: str, overrides: list[str]) -> None:
     trainer.train()
     state = trainable_state(trainer)
     save_file(state, f"{out}/params-rank{accelerator.process_index}.safetensors")
+    release_process_group(accelerator)
 
 
 if __name__ == "__main__":
