@@ -16,6 +16,8 @@
 # 4. astrolabe_memory.py --device cuda: peak training memory by video length
 # 5. the tiny Sol-RL recipe end to end with fp8 previews through the trainer
 # 6. the CUDA reward test and the trainer-precision tests on the GPU
+# BACKGROUND="command": run after the timing parts (1-3), beside 4-6, and waited for (e.g. training
+# the toy video teacher on the GPU: benchmarks/README.md, "gpu_checks.sh")
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -49,9 +51,22 @@ part rollout_realsize 100 "$PY" benchmarks/rollout_realsize.py --batch-size 8 --
 part train_step_sd15 150 "$PY" benchmarks/train_step.py --recipe configs/sd15/ddpo_aesthetic.yaml --repeats 3 \
     --profile off --json "$OUT/train_step_sd15.json" model.path=/tmp/sd15-random reward.name=jpeg_compressibility \
     "logging.trackers=[]" train.prompts_per_step=32 train.gradient_accumulation_steps=4 train.timestep_fraction=0.2
+# The timing parts are done: a job that needs the GPU for a while (BACKGROUND, a shell command) may
+# share it with the functional parts below, whose results do not depend on time; it is waited for.
+BG=
+if [ -n "${BACKGROUND:-}" ]; then
+    echo "== $(date +%T) background: $BACKGROUND" | tee -a "$LOG"
+    bash -c "$BACKGROUND" >"$OUT/background.log" 2>&1 &
+    BG=$!
+fi
 part astrolabe_memory 60 "$PY" benchmarks/astrolabe_memory.py --device cuda --batch 4 --out "$OUT/astrolabe_memory.json"
 part sol_rl_fp8 50 "$PY" -m genalign.cli train configs/tiny/sol_rl_jpeg.yaml train.sol_rl.preview_precision=fp8 \
     logging.run_dir=/tmp/sol_rl_fp8
 part pytest_cuda 80 "$PY" -m pytest -q -p no:cacheprovider tests/rewards/test_protocol.py::test_cuda_matches_cpu_and_runs_in_bfloat16 \
     tests/trainers/test_trainer_fidelity.py
+if [ -n "$BG" ]; then
+    wait "$BG"
+    echo "== background rc=$? (its output: $OUT/background.log)" | tee -a "$LOG"
+    tail -n 30 "$OUT/background.log"
+fi
 echo "== $(date +%T) done" | tee -a "$LOG"

@@ -92,23 +92,35 @@ def training_progress(step: int, steps: int, start: float, max_minutes: float | 
     return progress
 
 
-def step_schedule(warmup: int, total: int) -> Callable[[int], float]:
-    """:func:`warmup_cosine` as a ``LambdaLR`` function of the step, decaying over ``total`` steps."""
+def step_schedule(warmup: int, total: int, minutes: float | None = None) -> Callable[[int], float]:
+    """:func:`warmup_cosine` as a ``LambdaLR`` function of the step, decaying over ``total`` steps,
+    or over ``minutes`` of wall-clock time from the first call if that runs out first
+    (:func:`training_progress`): a run bounded by time still ends at the bottom of its cosine."""
+    clock: list[float] = []
 
     def schedule(step: int) -> float:
-        return warmup_cosine(step, (step - warmup) / max(1, total - warmup), warmup)
+        if not clock:
+            clock.append(time.time())
+        done = max(0, step - warmup)
+        progress = training_progress(done, max(1, total - warmup), clock[0], minutes)
+        return warmup_cosine(step, progress, warmup)
 
     return schedule
 
 
 def adamw_warmup_cosine(
-    parameters: Sequence[torch.Tensor], lr: float, steps: int, weight_decay: float, max_warmup: int
+    parameters: Sequence[torch.Tensor],
+    lr: float,
+    steps: int,
+    weight_decay: float,
+    max_warmup: int,
+    minutes: float | None = None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW with :func:`step_schedule`: warm-up over ``min(max_warmup, steps // 10 + 1)`` steps,
-    then cosine decay to a tenth of ``lr`` at ``steps``."""
+    then cosine decay to a tenth of ``lr`` at ``steps`` (or after ``minutes``, if sooner)."""
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     warmup = min(max_warmup, steps // 10 + 1)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, step_schedule(warmup, steps))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, step_schedule(warmup, steps, minutes))
 
 
 @contextmanager
@@ -257,11 +269,15 @@ class AveragedTraining:
         max_warmup: int,
         weight_decay: float = 0.01,
         warm_ema: bool = True,
+        schedule_minutes: float | None = None,
     ) -> AveragedTraining:
-        """``warm_ema``: the decay follows :func:`ema_warmup` (else it stays ``ema_decay``)."""
+        """``warm_ema``: the decay follows :func:`ema_warmup` (else it stays ``ema_decay``).
+        ``schedule_minutes``: the cosine also ends after this many minutes (:func:`step_schedule`)."""
         modules = list(modules)
         params = [p for m in modules for p in m.parameters() if p.requires_grad]
-        optimizer, scheduler = adamw_warmup_cosine(params, lr, steps, weight_decay, max_warmup)
+        optimizer, scheduler = adamw_warmup_cosine(
+            params, lr, steps, weight_decay, max_warmup, schedule_minutes
+        )
         ema = ParameterEMA([p for m in modules for p in m.parameters()], ema_decay)
         averaged = averaged_modules(ema, modules)
         return cls(params, optimizer, scheduler, ema, averaged, ema_warmup(ema_decay) if warm_ema else None)

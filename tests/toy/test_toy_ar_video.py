@@ -168,7 +168,9 @@ def test_caption_dropout_swaps_in_the_empty_caption_and_is_off_by_default(small_
 
     seen = []
     monkeypatch.setattr(
-        video_train, "diffusion_forcing_loss", lambda tr, lat, emb, gen, noise=None: seen.append(emb) or 0
+        video_train,
+        "diffusion_forcing_loss",
+        lambda tr, lat, emb, gen, noise=None, noise_generator=None: seen.append(emb) or 0,
     )
     embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"])
     empty = prompt_embeddings(small_pipeline, [""])

@@ -1,4 +1,4 @@
-"""``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,video-vae,toy-ar-video,eval,card}``:
+"""``python -m genalign.toy.generators {vae,toy-sd,toy-lcm,toy-flow,video-vae,toy-ar-video,video-pack,eval,card,...}``:
 one function per command (the video ones in :mod:`genalign.toy.generators.video_cli`). The exact commands of the shipped models are in ``assets/models/<name>/README.md``."""
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from genalign.toy.generators.card import (
 from genalign.toy.generators.evaluate import FAMILIES, evaluate_generator
 from genalign.toy.generators.flow import train_flow
 from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
-from genalign.toy.generators.video_cli import ar_video_command, reflow_command, video_vae_command
+from genalign.toy.generators.video_cli import (
+    ar_video_command,
+    reflow_command,
+    video_card_command,
+    video_pack_command,
+    video_vae_command,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,9 @@ COMMAND_OPTIONS += (
 )
 COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow toy-ar-video"))
 COMMAND_OPTIONS += (
-    ("--num-videos", "num_videos", "video-vae toy-ar-video toy-ar-video-reflow"),
+    ("--num-videos", "num_videos", "video-vae toy-ar-video toy-ar-video-reflow video-pack"),
+    ("--device", "device", "toy-ar-video"),
+    ("--videos", "videos", "toy-ar-video"),
     ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
     ("--width", "width", "toy-ar-video"),
     ("--foreground-weight", "foreground_weight", "video-vae"),
@@ -62,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
             "video-vae",
             "toy-ar-video",
             "toy-ar-video-reflow",
+            "toy-ar-video-card",
+            "video-pack",
             "eval",
             "card",
         ],
@@ -126,7 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-steps", type=int)
     parser.add_argument("--eval-guidance", type=float)
     parser.add_argument("--eval-seed", type=int, default=0)
-    parser.add_argument("--eval-per-prompt", type=int, default=4)
+    parser.add_argument(
+        "--eval-per-prompt",
+        type=int,
+        default=4,
+        help="toy-ar-video: 0 skips the evaluation (then toy-ar-video-card)",
+    )
     parser.add_argument(
         "--colour-per-prompt",
         type=int,
@@ -139,6 +154,10 @@ def _add_video_options(parser: argparse.ArgumentParser) -> None:
     """The options of the video commands (video-vae, toy-ar-video, toy-ar-video-reflow)."""
     parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
     parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
+    parser.add_argument("--device", help="toy-ar-video: where to encode and train, e.g. cuda (default cpu)")
+    parser.add_argument(
+        "--videos", help="toy-ar-video: train on this pack of rendered videos (written by video-pack)"
+    )
     parser.add_argument(
         "--caption-dropout",
         type=float,
@@ -474,6 +493,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     "video-vae": video_vae_command,
     "toy-ar-video": ar_video_command,
     "toy-ar-video-reflow": reflow_command,
+    "toy-ar-video-card": video_card_command,
+    "video-pack": video_pack_command,
 }
 TRAINING_COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], dict[str, Any]]] = {
     "toy-sd": sd_command,

@@ -168,10 +168,12 @@ def latent_statistics(vae) -> tuple[torch.Tensor, torch.Tensor]:
 def video_latents(vae, videos: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
     """Normalised latents ``[N, C, F, h, w]`` (what the transformer sees) of uint8 videos
     ``[N, F, 3, H, W]``: posterior means, minus ``latents_mean``, over ``latents_std``."""
-    mean, std = latent_statistics(vae)
+    device = next(vae.parameters()).device
+    mean, std = (x.to(device) for x in latent_statistics(vae))
     chunks = []
     for start in range(0, len(videos), batch_size):
-        posterior_mean, _ = encode_frames(vae, to_video_model_range(videos[start : start + batch_size]))
+        chunk = to_video_model_range(videos[start : start + batch_size].to(device))
+        posterior_mean, _ = encode_frames(vae, chunk)
         chunks.append((posterior_mean - mean) / std)
     return torch.cat(chunks)
 

@@ -13,8 +13,9 @@ from genalign.toy.generators.card import command_line
 from genalign.toy.generators.video import train_video_vae
 from genalign.toy.generators.video_eval import evaluate_video_generator
 from genalign.toy.generators.video_reflow import train_reflow
-from genalign.toy.generators.video_train import train_ar_video
+from genalign.toy.generators.video_train import VIDEO_DATA_SEED_OFFSET, train_ar_video
 from genalign.toy.training import folder_megabytes, write_card_files
+from genalign.toy.video.data import load_video_pack, save_video_pack, toy_video_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "caption_dropout": args.caption_dropout,
     }
     options = {k: v for k, v in options.items() if v is not None}
+    if args.videos is not None:
+        if args.num_videos is not None:
+            parser.error("toy-ar-video takes --videos (a pack) or --num-videos (render), not both")
+        try:
+            options["videos"] = load_video_pack(args.videos)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(f"--videos: {error}")
     out = Path(args.out)
     _, info = train_ar_video(
         AutoencoderKLWan.from_pretrained(args.vae),
@@ -68,6 +76,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         seed=args.seed,
         max_minutes=args.max_minutes,
         snapshot_every=args.snapshot_every,
+        device=args.device or "cpu",
         **options,
     )
     card = {
@@ -77,9 +86,38 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "clip_text": args.clip_text or DEFAULT_CLIP_TEXT,
         "batch_size": args.batch_size,
         **{k: info[k] for k in ("steps", "train_seconds", "parameters", "loss_history")},
-        "evals": video_evaluations(out, args.eval_seed, args.eval_per_prompt),
+        "device": args.device or "cpu",
     }
+    if args.eval_per_prompt == 0:  # e.g. trained on a GPU box: evaluate later, toy-ar-video-card
+        (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+        logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)
+        return 0
+    card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt)
     write_video_card(out, card)
+    return 0
+
+
+def video_card_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Evaluate a toy-ar-video folder trained with ``--eval-per-prompt 0`` and write its card."""
+    path = Path(args.out) / "card.json"
+    if not path.is_file():
+        parser.error(f"toy-ar-video-card: {path} not found (a folder written by toy-ar-video)")
+    card = json.loads(path.read_text())
+    card["evals"] = video_evaluations(Path(args.out), args.eval_seed, args.eval_per_prompt)
+    write_video_card(Path(args.out), card)
+    return 0
+
+
+def video_pack_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Render ``--num-videos`` training videos (the toy-ar-video recipe's data for ``--seed``) into
+    one compressed pack (``--out``), for ``toy-ar-video --videos``."""
+    if not args.num_videos:
+        parser.error("video-pack needs --num-videos N (N > 0)")
+    videos, captions = toy_video_dataset(args.num_videos, seed=args.seed + VIDEO_DATA_SEED_OFFSET)
+    save_video_pack(args.out, videos, captions)
+    logger.info(
+        "[video-pack] %d videos -> %s (%.1f MB)", len(captions), args.out, Path(args.out).stat().st_size / 1e6
+    )
     return 0
 
 
@@ -156,6 +194,11 @@ def _reflow_line(card: dict[str, Any]) -> str:
     )
 
 
+def _where(card: dict[str, Any]) -> str:
+    device = card.get("device", "cpu")
+    return "the CPU" if device == "cpu" else f"{device} (the first stage)"
+
+
 def write_video_card(out: Path, card: dict[str, Any]) -> None:
     """``card.json`` and README.md of toy-ar-video."""
     card = dict(card, size_mb=folder_megabytes(out))
@@ -194,7 +237,7 @@ Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 - Transformer: {card["steps"]} steps, batch {card["batch_size"]}, AdamW, diffusion forcing with a clean
   prefix (flow-matching velocity loss, an independent shifted noise level per block), EMA weights;
   text tower of {card["clip_text"]} frozen.{_reflow_line(card)}
-- Training time: {card["train_seconds"]:.0f} s for the transformer stages on one CPU thread (data
+- Training time: {card["train_seconds"]:.0f} s for the transformer stages on {_where(card)} (data
   encoding and ODE pairs included), plus the autoencoder's.
 - Parameters: {params} (fp32); {card["size_mb"]} MB on disk.
 

@@ -19,6 +19,7 @@ embeddings are computed once, by the pipeline's own ``encode_prompt``.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,8 @@ from genalign.toy.video.data import toy_video_dataset
 NUM_TRAIN_TIMESTEPS = 1000
 TIMESTEP_SHIFT = 5.0  # the ar_video policy's (Self-Forcing's) schedule shift
 # train_ar_video's default budget (the fields: TrainBudget; num_examples: its num_videos)
+# the training videos of seed s are toy_video_dataset(num_videos, s + this) (video-pack writes the same)
+VIDEO_DATA_SEED_OFFSET = 3000
 AR_VIDEO_BUDGET = TrainBudget(steps=4000, batch_size=16, lr=1e-3, num_examples=3000, ema_decay=0.995)
 
 
@@ -78,16 +81,23 @@ def diffusion_forcing_loss(
     generator: torch.Generator | None = None,
     shift: float = TIMESTEP_SHIFT,
     noise: torch.Tensor | None = None,
+    noise_generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The velocity loss of module docstring on clean latents ``[B, C, F, h, w]`` with text
     embeddings ``[B, L, D]``: the mean squared error over the noisy frames only. ``noise``: the
-    noise each video is paired with (reflow); default fresh Gaussian noise."""
+    noise each video is paired with (reflow); default fresh Gaussian noise, drawn with
+    ``noise_generator`` on its device if given (a GPU run: no CPU draw per step), else with
+    ``generator`` on the CPU."""
     batch, _, num_frames = latents.shape[:3]
     block_size = int(transformer.config.num_frame_per_block)
     timesteps, noisy = diffusion_forcing_timesteps(batch, num_frames, block_size, generator, shift)
+    # drawn on the CPU generator (the same draws on every device), then moved to the latents' device
+    timesteps, noisy = timesteps.to(latents.device), noisy.to(latents.device)
     sigma = (timesteps / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
     if noise is None:
-        noise = torch.randn(latents.shape, generator=generator)
+        source = generator if noise_generator is None else noise_generator
+        where = "cpu" if source is None else source.device
+        noise = torch.randn(latents.shape, generator=source, device=where).to(latents.device)
     noised = (1 - sigma) * latents + sigma * noise  # x_t
     velocity = causal_forward(transformer, noised, timesteps, prompt_embeds)
     error = (velocity.float() - (noise - latents)).pow(2).mean(dim=(1, 3, 4))  # (B, F)
@@ -117,15 +127,20 @@ def minibatch_forcing_loss(
     if caption_dropout > 0 and empty_embeds is None:
         raise ValueError("caption_dropout needs empty_embeds: the empty caption's embeddings [1, L, D]")
     generator = torch.Generator().manual_seed(seed)
+    # on an accelerator the noise is drawn there (CPU runs keep their one-generator draws)
+    on_device = latents.device.type != "cpu"
+    noise_generator = torch.Generator(latents.device).manual_seed(seed + 1) if on_device else None
 
     def loss_fn(step: int) -> torch.Tensor:
         index = torch.randint(len(latents), (batch_size,), generator=generator)
         paired = None if noise is None else noise[index]
         embeds = prompt_embeds[index]
         if caption_dropout > 0:
-            dropped = torch.rand(batch_size, generator=generator) < caption_dropout
-            embeds = torch.where(dropped[:, None, None], empty_embeds.to(embeds.dtype), embeds)
-        return diffusion_forcing_loss(transformer, latents[index], embeds, generator, noise=paired)
+            dropped = (torch.rand(batch_size, generator=generator) < caption_dropout).to(embeds.device)
+            embeds = torch.where(dropped[:, None, None], empty_embeds.to(embeds), embeds)
+        return diffusion_forcing_loss(
+            transformer, latents[index], embeds, generator, noise=paired, noise_generator=noise_generator
+        )
 
     return loss_fn
 
@@ -155,6 +170,8 @@ def train_ar_video(
     width: int = 128,
     num_layers: int = 4,
     caption_dropout: float = 0.0,
+    device: str | torch.device = "cpu",
+    videos: tuple[torch.Tensor, list[str]] | None = None,
     **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train toy-ar-video's block-causal transformer from scratch on the latents of
@@ -163,7 +180,11 @@ def train_ar_video(
     :func:`diffusion_forcing_loss`, AdamW and an EMA of the weights (saved). ``vae``: a trained
     ``AutoencoderKLWan`` (:func:`~genalign.toy.generators.video.train_video_vae`). The data's
     encoding counts in ``train_seconds``. ``caption_dropout`` > 0 trains the unconditional branch
-    too (:func:`minibatch_forcing_loss`), for guided sampling. Returns ``(pipeline, info)``.
+    too (:func:`minibatch_forcing_loss`), for guided sampling. ``device``: where the autoencoder
+    encodes the data and the transformer trains (``"cuda"`` on a GPU; batches and noise are still
+    drawn on the CPU generator, and the saved pipeline is on the CPU). ``videos``: pre-rendered
+    ``(uint8 videos, captions)`` (:func:`~genalign.toy.video.data.load_video_pack`) used instead of
+    rendering ``num_videos``. Returns ``(pipeline, info)``.
 
     The budget (default :data:`AR_VIDEO_BUDGET`) and its keywords ``steps``, ``batch_size``,
     ``lr``, ``num_videos``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and
@@ -178,19 +199,32 @@ def train_ar_video(
         text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers
     )
     pipe = video_pipeline(vae.eval(), text_encoder, tokenizer, transformer)
-    videos, captions = toy_video_dataset(budget.num_examples, seed=budget.seed + 3000)
-    latents = video_latents(vae, videos)  # (N, C, F, h, w), standardised
-    embeds = prompt_embeddings(pipe, captions)  # (N, L, D)
+    if videos is None:
+        videos = toy_video_dataset(budget.num_examples, seed=budget.seed + VIDEO_DATA_SEED_OFFSET)
+    videos, captions = videos
+    latents = video_latents(vae.to(device), videos)  # (N, C, F, h, w), standardised
+    vae.to("cpu")
+    embeds = prompt_embeddings(pipe, captions).to(device)  # (N, L, D)
     del videos
-    training = AveragedTraining.of([transformer], budget.lr, budget.steps, budget.ema_decay, max_warmup=200)
+    transformer.to(device)
+    training = AveragedTraining.of(  # a --max-minutes run decays over its minutes (GPU runs: steps by time)
+        [transformer],
+        budget.lr,
+        budget.steps,
+        budget.ema_decay,
+        max_warmup=200,
+        schedule_minutes=budget.max_minutes,
+    )
     transformer.train()
     log = TrainingLog(budget.log_every, budget.steps, "toy-ar-video")
-    empty = prompt_embeddings(pipe, [""]) if caption_dropout > 0 else None
+    empty = prompt_embeddings(pipe, [""]).to(device) if caption_dropout > 0 else None
     loss_fn = minibatch_forcing_loss(
         transformer, latents, embeds, budget.batch_size, budget.seed, None, caption_dropout, empty
     )
 
     def pipeline(average) -> tuple[Any, dict[str, Any]]:
+        if torch.device(device).type != "cpu":
+            average = copy.deepcopy(average).to("cpu")
         parameters = {"transformer": average, "text_encoder": text_encoder, "vae": vae}
         return video_pipeline(vae, text_encoder, tokenizer, average), parameters
 

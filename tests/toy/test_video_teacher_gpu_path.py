@@ -1,0 +1,128 @@
+"""The pieces that let toy-ar-video's teacher train on another machine (a GPU box without the SVG
+rasteriser): the compressed video pack, the noise drawn on the latents' device, the cosine that
+ends with a time budget, and the CLI's --videos / --eval-per-prompt 0 / toy-ar-video-card."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.toy.generators.video import build_video_transformer, build_video_vae
+from genalign.toy.generators.video_train import VIDEO_DATA_SEED_OFFSET, diffusion_forcing_loss
+from genalign.toy.training import step_schedule
+from genalign.toy.video.data import load_video_pack, save_video_pack, toy_video_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_CLIP = ROOT / "assets" / "models" / "toy-clip"
+
+
+def test_a_video_pack_round_trips_exactly_and_compresses(tmp_path):
+    videos, captions = toy_video_dataset(12, seed=4)
+    path = tmp_path / "pack.xz"
+    save_video_pack(path, videos, captions)
+    loaded, loaded_captions = load_video_pack(path)
+    assert torch.equal(loaded, videos) and loaded.dtype == torch.uint8
+    assert loaded_captions == captions
+    assert path.stat().st_size * 10 < videos.numel()  # toy videos compress well over 10x
+
+
+def test_a_bad_pack_fails_naming_the_file(tmp_path):
+    videos, captions = toy_video_dataset(3, seed=1)
+    with pytest.raises(ValueError, match="uint8 videos"):
+        save_video_pack(tmp_path / "x.xz", videos.float(), captions)
+    with pytest.raises(ValueError, match="2 captions"):
+        save_video_pack(tmp_path / "x.xz", videos, captions[:2])
+    junk = tmp_path / "junk.xz"
+    junk.write_bytes(b"not lzma at all")
+    with pytest.raises(ValueError, match="junk.xz: not a toy video pack"):
+        load_video_pack(junk)
+    short = tmp_path / "short.xz"
+    save_video_pack(short, videos, captions)
+    with lzma.open(short) as f:
+        header, data = f.readline(), f.read()
+    with lzma.open(short, "wb") as f:
+        f.write(header + data[:-10])
+    with pytest.raises(ValueError, match="short.xz: truncated"):
+        load_video_pack(short)
+    other = tmp_path / "other.xz"
+    with lzma.open(other, "wb") as f:
+        f.write(json.dumps({"format": "something else"}).encode() + b"\n")
+    with pytest.raises(ValueError, match="other.xz: not a toy video pack"):
+        load_video_pack(other)
+
+
+def test_the_noise_generator_draws_the_loss_noise_and_nothing_else():
+    """With ``noise_generator`` the loss equals the loss on noise drawn from a generator in that
+    state, the timesteps still coming from ``generator``; without it, from ``generator`` as before."""
+    torch.manual_seed(0)
+    transformer = build_video_transformer(16, 4, width=32, num_layers=1, head_dim=16)
+    latents, embeds = torch.randn(3, 4, 4, 4, 4), torch.randn(3, 5, 16)
+    with_gen = diffusion_forcing_loss(
+        transformer, latents, embeds, torch.Generator().manual_seed(1),
+        noise_generator=torch.Generator().manual_seed(2),
+    )  # fmt: skip
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(2))
+    explicit = diffusion_forcing_loss(
+        transformer, latents, embeds, torch.Generator().manual_seed(1), noise=noise
+    )
+    assert torch.allclose(with_gen, explicit)
+    one = diffusion_forcing_loss(transformer, latents, embeds, torch.Generator().manual_seed(1))
+    assert not torch.allclose(one, with_gen)  # the default draws its noise from generator 1
+
+
+def test_a_timed_schedule_reaches_the_bottom_of_its_cosine_when_the_minutes_run_out(monkeypatch):
+    import genalign.toy.training as training
+
+    now = [1000.0]
+    monkeypatch.setattr(training.time, "time", lambda: now[0])
+    timed, plain = step_schedule(10, 100_000, minutes=2.0), step_schedule(10, 100_000)
+    assert timed(0) == plain(0) == pytest.approx(0.1)  # warm-up: (0 + 1) / 10
+    now[0] += 60.0  # half the time, a tiny fraction of the steps
+    assert timed(50) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + 0.0))  # cos(pi / 2) = 0: 0.55
+    assert plain(50) > 0.999
+    now[0] += 120.0  # past the budget
+    assert timed(60) == pytest.approx(0.1)
+    assert plain(60) > 0.999
+
+
+def test_toy_ar_video_trains_on_a_pack_skips_evaluation_and_refuses_two_sources(tmp_path, capsys):
+    from genalign.toy.generators.cli import main
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+    (tmp_path / "vae").mkdir()
+    vae.save_pretrained(tmp_path / "vae")
+    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
+    pack = tmp_path / "pack.xz"
+    assert main(["video-pack", "--out", str(pack), "--num-videos", "6", "--seed", "2"]) == 0
+    videos, captions = load_video_pack(pack)
+    expected, expected_captions = toy_video_dataset(6, seed=2 + VIDEO_DATA_SEED_OFFSET)
+    assert torch.equal(videos, expected) and captions == expected_captions  # the recipe's data
+
+    base = ["toy-ar-video", "--vae", str(tmp_path / "vae"), "--clip-text", str(TOY_CLIP), "--steps", "2"]
+    base += ["--batch-size", "2", "--width", "32", "--layers", "1"]
+    with pytest.raises(SystemExit):
+        main([*base, "--videos", str(pack), "--num-videos", "6", "--out", str(tmp_path / "m0")])
+    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--videos", str(tmp_path / "missing.xz"), "--out", str(tmp_path / "m0")])
+    err = capsys.readouterr().err
+    assert "--videos" in err and "missing.xz" in err
+    out = tmp_path / "m"
+    args = [*base, "--videos", str(pack), "--device", "cpu", "--eval-per-prompt", "0", "--out", str(out)]
+    assert main(args) == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["steps"] == 2 and card["device"] == "cpu" and "evals" not in card
+    assert not (out / "README.md").exists()  # the card is finished by toy-ar-video-card
+    assert (out / "transformer").is_dir()
+    with pytest.raises(SystemExit):
+        main(["toy-ar-video-card", "--out", str(tmp_path / "nowhere")])
+    assert "card.json not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --device belongs to toy-ar-video only
+        main(["video-pack", "--out", str(pack), "--num-videos", "2", "--device", "cuda"])
+    assert "--device is an option of the toy-ar-video command only" in capsys.readouterr().err
