@@ -191,6 +191,39 @@ class SimulatedNVFP4Linear(nn.Module):
 
 
 # ---- backends --------------------------------------------------------------------------------------
+# The smallest activation amax a float8 scale is computed from. torchao's per-row scale is
+# amax / 448 with no floor on its torch path (used where its fbgemm/mslk kernel is absent), so an
+# all-zero row (SD3's missing T5 tokens, padding) gets scale 0 and quantises 0 / 0 = NaN: seen on
+# an H200 (torchao 0.18, torch 2.11), where every fp8 preview of an SD3-shaped transformer was NaN.
+# torchao's float8 training clamps amax at the same 1e-12.
+FP8_AMAX_FLOOR = 1e-12
+
+
+def _fp8_scale_floor(config_class: type) -> dict[str, float]:
+    """``activation_value_lb`` for torchao's float8 config, where the installed version has it."""
+    fields = getattr(config_class, "__dataclass_fields__", {})
+    if "activation_value_lb" not in fields:
+        logger.warning(
+            "this torchao's float8 config has no activation_value_lb: all-zero activation rows will "
+            "quantise to NaN; upgrade torchao"
+        )
+        return {}
+    return {"activation_value_lb": FP8_AMAX_FLOOR}
+
+
+def _without_zero_weight_rows(model: nn.Module, selected: list[str], skipped: dict[str, str]) -> list[str]:
+    """Keep in high precision the selected layers with an all-zero weight row (a zero-initialised
+    output layer, a pruned unit): a per-row weight scale of 0 turns that row into NaN."""
+    kept = []
+    for name in selected:
+        weight = model.get_submodule(name).weight
+        if bool((weight.detach().abs().amax(dim=1) == 0).any()):
+            skipped[name] = "zero_weight_rows"
+        else:
+            kept.append(name)
+    return kept
+
+
 def _cuda_capability(module: nn.Module) -> tuple[int, int] | None:
     parameter = next(module.parameters(), None)
     if parameter is None or parameter.device.type != "cuda":
@@ -271,11 +304,14 @@ def quantize_denoiser(
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
         selected, skipped = select_linear_layers(model, skip_modules, min_dim, block=16)
+        selected = _without_zero_weight_rows(model, selected, skipped)
         chosen = set(selected)
         model = _cast(model, torch.bfloat16)
         quantize_(
             model,
-            Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+            Float8DynamicActivationFloat8WeightConfig(
+                granularity=PerRow(), **_fp8_scale_floor(Float8DynamicActivationFloat8WeightConfig)
+            ),
             filter_fn=lambda module, fqn: isinstance(module, nn.Linear) and fqn in chosen,
         )
         report = PrecisionReport(precision, "torchao.float8", False, torch.bfloat16, selected, skipped)
@@ -285,6 +321,7 @@ def quantize_denoiser(
         from torchao.quantization import quantize_
 
         selected, skipped = select_linear_layers(model, skip_modules, min_dim, block=NVFP4_BLOCK)
+        selected = _without_zero_weight_rows(model, selected, skipped)
         chosen = set(selected)
         model = _cast(model, torch.bfloat16)
         quantize_(

@@ -223,3 +223,74 @@ def test_casting_a_preview_copy_logs_no_warning_a_user_cannot_act_on(sd3_policy,
     assert not [r.getMessage() for r in records if "float32" in r.getMessage()]
     assert {p.dtype for p in copy.parameters()} == {report.compute_dtype}
     assert sd3_policy.denoiser.dtype == torch.float32  # the policy's own denoiser is untouched
+
+
+# ---- fp8 on a GPU: zero rows must not become NaN (seen on an H200 with torchao 0.18) ---------------
+class _RecordingTorchao:
+    """Stands in for torchao where it is absent (CPU CI): records the config and the layers that
+    ``quantize_denoiser`` asks torchao's float8 path to quantise."""
+
+    def __init__(self, with_floor: bool = True) -> None:
+        import dataclasses
+        import types
+
+        @dataclasses.dataclass
+        class Config:
+            granularity: object = None
+            if with_floor:
+                activation_value_lb: float | None = None
+
+        self.calls: list[tuple[object, list[str]]] = []
+        quantization = types.ModuleType("torchao.quantization")
+        quantization.Float8DynamicActivationFloat8WeightConfig = Config
+        quantization.PerRow = lambda: "per-row"
+
+        def quantize_(model, config, filter_fn):
+            self.calls.append((config, [n for n, m in model.named_modules() if filter_fn(m, n)]))
+
+        quantization.quantize_ = quantize_
+        self.modules = {"torchao": types.ModuleType("torchao"), "torchao.quantization": quantization}
+
+
+@pytest.mark.parametrize("with_floor", [True, False])
+def test_fp8_floors_the_activation_scale_and_keeps_zero_weight_rows_in_high_precision(
+    monkeypatch, caplog, with_floor
+):
+    import sys
+
+    from genalign.policies import precision
+
+    fake = _RecordingTorchao(with_floor)
+    for name, module in fake.modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(precision, "_cuda_capability", lambda model: (9, 0))
+    model = Blocks()
+    with torch.no_grad():
+        model.block[0].weight[3].zero_()  # one all-zero output row
+    _, report = quantize_denoiser(model, "fp8")
+    ((config, layers),) = fake.calls
+    assert "block.0" not in layers and report.skipped["block.0"] == "zero_weight_rows"
+    assert layers == report.quantized == ["x_embedder", "block.2", "norm_out"]
+    assert config.granularity == "per-row"
+    if with_floor:
+        assert config.activation_value_lb == precision.FP8_AMAX_FLOOR
+    else:  # an older torchao: said once, in words a user can act on
+        assert "upgrade torchao" in caplog.text
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run by benchmarks/gpu_checks.sh)"
+)
+def test_fp8_on_a_gpu_keeps_all_zero_rows_finite():
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).cuda()
+    quantized, _ = quantize_denoiser(model, "fp8")
+    x = torch.randn(8, 64, device="cuda")
+    x[2:5] = 0  # e.g. absent text-encoder tokens
+    with torch.no_grad():
+        out = quantized(x.bfloat16()).float()
+        reference = model(x)
+    assert torch.isfinite(out).all()
+    assert (out - reference).abs().max() < 0.1 * reference.abs().max()

@@ -129,9 +129,15 @@ def test_rollout_and_rescoring_share_the_precision_context_under_bf16(tmp_path, 
 def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, recipe):
     """Every loss call of this step is before the optimiser step, so each ratio must be exactly 1
     (issue 20 measured clipfrac 0.58 here before rollouts ran under the update's autocast)."""
-    metrics = make_trainer(tmp_path, recipe, *ON_POLICY).train_step(0)
-    assert metrics["ratio"] == 1.0
-    assert metrics["clipfrac"] == 0.0 and metrics["approx_kl"] == 0.0
+    trainer = make_trainer(tmp_path, recipe, *ON_POLICY)
+    metrics = trainer.train_step(0)
+    if trainer.accelerator.device.type == "cpu":
+        assert metrics["ratio"] == 1.0
+        assert metrics["clipfrac"] == 0.0 and metrics["approx_kl"] == 0.0
+    else:  # GPU kernels differ with the batch's shape (an H200 gave ratio 1 - 5e-6 for rlcm):
+        # what must hold is that no on-policy sample is clipped
+        assert abs(metrics["ratio"] - 1.0) < trainer.config.train.clip_range / 4
+        assert metrics["clipfrac"] == 0.0 and abs(metrics["approx_kl"]) < 1e-8
 
 
 @pytest.mark.parametrize(
@@ -145,13 +151,21 @@ def test_an_on_policy_step_under_bf16_has_ratio_one_and_no_clipping(tmp_path, re
 )
 @pytest.mark.usefixtures("fresh_accelerator_state")
 def test_every_strategy_rolls_out_in_the_update_precision(tmp_path, recipe, overrides):
+    if torch.cuda.is_available() and "sol_rl" in recipe:  # int8 previews are CPU-only; fp8 on a GPU
+        pytest.importorskip("torchao")
+        overrides = [*overrides, "train.sol_rl.preview_precision=fp8"]
     trainer = make_trainer(tmp_path, recipe, "train.mixed_precision=bf16", *overrides)
     trajectory = trainer.strategy.collect(trainer.rollout_context(), 0).trajectory
     assert trajectory.stochastic_steps().numel() > 0
+    exact = trainer.accelerator.device.type == "cpu"  # GPU kernels vary with the batch's shape
     for index in trajectory.stochastic_steps().tolist():
         with torch.no_grad(), trainer.precision():
             log_prob = trainer.policy.step(trajectory, index).log_prob
-        assert torch.equal(log_prob, trajectory.log_probs[:, index]), index
+        expected = trajectory.log_probs[:, index]
+        if exact:
+            assert torch.equal(log_prob, expected), index
+        else:
+            assert torch.allclose(log_prob, expected, rtol=0.0, atol=1e-3), index
 
 
 class FirstGroupTiedReward(Reward):
