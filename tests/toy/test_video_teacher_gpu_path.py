@@ -115,7 +115,9 @@ def test_toy_ar_video_trains_on_a_pack_skips_evaluation_and_refuses_two_sources(
     assert "--videos" in err and "missing.xz" in err
     out = tmp_path / "m"
     args = [*base, "--videos", str(pack), "--device", "cpu", "--eval-per-prompt", "0", "--out", str(out)]
-    assert main(args) == 0
+    assert main([*args, "--patch-size", "2"]) == 0
+    config = json.loads((out / "transformer" / "config.json").read_text())
+    assert config["patch_size"] == [1, 2, 2]
     card = json.loads((out / "card.json").read_text())
     assert card["steps"] == 2 and card["device"] == "cpu" and "evals" not in card
     assert not (out / "README.md").exists()  # the card is finished by toy-ar-video-card

@@ -49,6 +49,7 @@ COMMAND_OPTIONS += (
     ("--videos", "videos", "toy-ar-video"),
     ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
     ("--width", "width", "toy-ar-video"),
+    ("--patch-size", "patch_size", "toy-ar-video"),
     ("--foreground-weight", "foreground_weight", "video-vae"),
     ("--caption-dropout", "caption_dropout", "toy-ar-video"),
     ("--ode-guidance", "ode_guidance", "toy-ar-video-reflow"),
@@ -155,6 +156,11 @@ def _add_video_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-videos", type=int, help="video-vae, toy-ar-video: training videos rendered")
     parser.add_argument("--width", type=int, help="toy-ar-video: the transformer's width (default 128)")
     parser.add_argument("--device", help="toy-ar-video: where to encode and train, e.g. cuda (default cpu)")
+    parser.add_argument(
+        "--patch-size",
+        type=int,
+        help="toy-ar-video: spatial patch of the transformer (default 4: 9 tokens a frame)",
+    )
     parser.add_argument(
         "--videos", help="toy-ar-video: train on this pack of rendered videos (written by video-pack)"
     )

@@ -57,6 +57,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "ema_decay": args.ema_decay,
         "num_layers": args.layers,
         "width": args.width,
+        "patch": args.patch_size,
         "caption_dropout": args.caption_dropout,
     }
     options = {k: v for k, v in options.items() if v is not None}

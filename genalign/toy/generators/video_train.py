@@ -169,6 +169,7 @@ def train_ar_video(
     budget: TrainBudget = AR_VIDEO_BUDGET,
     width: int = 128,
     num_layers: int = 4,
+    patch: int = 4,
     caption_dropout: float = 0.0,
     device: str | torch.device = "cpu",
     videos: tuple[torch.Tensor, list[str]] | None = None,
@@ -180,7 +181,9 @@ def train_ar_video(
     :func:`diffusion_forcing_loss`, AdamW and an EMA of the weights (saved). ``vae``: a trained
     ``AutoencoderKLWan`` (:func:`~genalign.toy.generators.video.train_video_vae`). The data's
     encoding counts in ``train_seconds``. ``caption_dropout`` > 0 trains the unconditional branch
-    too (:func:`minibatch_forcing_loss`), for guided sampling. ``device``: where the autoencoder
+    too (:func:`minibatch_forcing_loss`), for guided sampling. ``patch``: the transformer's
+    spatial patch (4: a 12 x 12 latent frame is 9 tokens of 128 numbers; 2: 36 tokens of 32).
+    ``device``: where the autoencoder
     encodes the data and the transformer trains (``"cuda"`` on a GPU; batches and noise are still
     drawn on the CPU generator, and the saved pipeline is on the CPU). ``videos``: pre-rendered
     ``(uint8 videos, captions)`` (:func:`~genalign.toy.video.data.load_video_pack`) used instead of
@@ -196,7 +199,7 @@ def train_ar_video(
     tokenizer = video_tokenizer()
     text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False).eval()
     transformer = build_video_transformer(
-        text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers
+        text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers, patch=patch
     )
     pipe = video_pipeline(vae.eval(), text_encoder, tokenizer, transformer)
     if videos is None:
