@@ -183,9 +183,9 @@ def train_ar_video(
     encoding counts in ``train_seconds``. ``caption_dropout`` > 0 trains the unconditional branch
     too (:func:`minibatch_forcing_loss`), for guided sampling. ``patch``: the transformer's
     spatial patch (4: a 12 x 12 latent frame is 9 tokens of 128 numbers; 2: 36 tokens of 32).
-    ``device``: where the autoencoder
-    encodes the data and the transformer trains (``"cuda"`` on a GPU; batches and noise are still
-    drawn on the CPU generator, and the saved pipeline is on the CPU). ``videos``: pre-rendered
+    ``device``: where the autoencoder encodes the data and the transformer trains (``"cuda"`` on a
+    GPU: batches, timesteps and dropout are still drawn on the CPU generator, the noise on the
+    device's; the saved pipeline is on the CPU). ``videos``: pre-rendered
     ``(uint8 videos, captions)`` (:func:`~genalign.toy.video.data.load_video_pack`) used instead of
     rendering ``num_videos``. Returns ``(pipeline, info)``.
 
