@@ -128,3 +128,50 @@ def test_toy_ar_video_trains_on_a_pack_skips_evaluation_and_refuses_two_sources(
     with pytest.raises(SystemExit):  # --device belongs to toy-ar-video only
         main(["video-pack", "--out", str(pack), "--num-videos", "2", "--device", "cuda"])
     assert "--device is an option of the toy-ar-video command only" in capsys.readouterr().err
+
+
+def test_toy_ar_video_continues_a_folder_from_its_weights_and_keeps_its_record(tmp_path, capsys):
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    from genalign.toy.generators.cli import main
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+    vae.save_pretrained(tmp_path / "vae")
+    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
+    pack = tmp_path / "pack.xz"
+    save_video_pack(pack, *toy_video_dataset(4, seed=5))
+    base = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
+    base += ["--videos", str(pack), "--eval-per-prompt", "0"]
+    first = tmp_path / "first"
+    assert (
+        main([*base, "--vae", str(tmp_path / "vae"), "--width", "32", "--layers", "1", "--out", str(first)])
+        == 0
+    )
+
+    # lr 0: the continued run's saved (averaged) weights are the folder's, whatever it was built with
+    second = tmp_path / "second"
+    assert main([*base, "--init", str(first), "--lr", "0", "--seed", "3", "--out", str(second)]) == 0
+    before = SkyReelsV2Transformer3DModel.from_pretrained(str(first / "transformer")).state_dict()
+    after = SkyReelsV2Transformer3DModel.from_pretrained(str(second / "transformer")).state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    # and a run that learns moves them (so the equality above is the init's, not a no-op's)
+    third = tmp_path / "third"
+    assert main([*base, "--init", str(first), "--lr", "1e-2", "--ema-decay", "0", "--out", str(third)]) == 0
+    moved = SkyReelsV2Transformer3DModel.from_pretrained(str(third / "transformer")).state_dict()
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+
+    card, previous = (json.loads((f / "card.json").read_text()) for f in (second, first))
+    assert card["commands"][:-1] == previous["commands"] and len(card["commands"]) == 3  # vae, first, this
+    assert card["steps"] == 4 and card["stage_steps"] == 2 and card["vae"] == previous["vae"]
+    assert card["train_seconds"] > previous["train_seconds"]
+
+    for extra, message in (
+        (["--init", str(tmp_path / "vae")], "no card.json"),
+        (["--init", str(first), "--patch-size", "2"], "drop --patch-size"),
+        (["--init", str(first), "--vae", str(tmp_path / "vae")], "drop --vae"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*base, *extra, "--out", str(tmp_path / "bad")])
+        assert message in capsys.readouterr().err

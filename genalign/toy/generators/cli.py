@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--teacher", help="toy-sd folder (toy-lcm)")
     parser.add_argument(
-        "--init", help="toy-sd / toy-flow: continue training from this folder of the same kind"
+        "--init",
+        help="toy-sd / toy-flow / video-vae / toy-ar-video: continue training from this folder of the same kind",
     )
     parser.add_argument("--family", choices=FAMILIES, help="eval: the model family")
     parser.add_argument("--seed", type=int, default=0)

@@ -42,14 +42,9 @@ def video_vae_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 
 def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Train the transformer on a ``video-vae`` folder's latents, then evaluate and write the card."""
-    from diffusers import AutoencoderKLWan
-
-    if not args.vae or not (Path(args.vae) / "training.json").is_file():
-        parser.error(
-            "toy-ar-video needs --vae: a folder written by the video-vae command (with training.json)"
-        )
-    vae_info = json.loads((Path(args.vae) / "training.json").read_text())
+    """Train the transformer on a ``video-vae`` folder's latents (or continue a toy-ar-video folder,
+    ``--init``, on its own autoencoder), then evaluate and write the card."""
+    vae, vae_info, previous = ar_video_stage(args, parser)
     options = {
         "steps": args.steps,
         "lr": args.lr,
@@ -70,7 +65,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"--videos: {error}")
     out = Path(args.out)
     _, info = train_ar_video(
-        AutoencoderKLWan.from_pretrained(args.vae),
+        vae,
         args.clip_text or DEFAULT_CLIP_TEXT,
         out,
         batch_size=args.batch_size,
@@ -78,17 +73,22 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         max_minutes=args.max_minutes,
         snapshot_every=args.snapshot_every,
         device=args.device or "cpu",
+        init=args.init,
         **options,
     )
     card = {
         "name": NAME,
-        "commands": [*vae_info["commands"], command_line()],
+        "commands": [*(previous or vae_info)["commands"], command_line()],
         "vae": {k: v for k, v in vae_info.items() if k not in ("loss_history", "parameters")},
         "clip_text": args.clip_text or DEFAULT_CLIP_TEXT,
         "batch_size": args.batch_size,
         **{k: info[k] for k in ("steps", "train_seconds", "parameters", "loss_history")},
         "device": args.device or "cpu",
     }
+    if previous:  # a continued stage: the whole model's steps and seconds, this stage's loss
+        card["stage_steps"], card["stage_seconds"] = info["steps"], info["train_seconds"]
+        card["steps"] += previous.get("steps", 0)
+        card["train_seconds"] += previous.get("train_seconds", 0.0)
     if args.eval_per_prompt == 0:  # e.g. trained on a GPU box: evaluate later, toy-ar-video-card
         (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
         logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)
@@ -96,6 +96,42 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt)
     write_video_card(out, card)
     return 0
+
+
+def ar_video_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, dict, dict]:
+    """toy-ar-video's autoencoder, its record, and the continued folder's card (``{}`` for a first
+    stage): ``--vae`` (a video-vae folder with training.json), or with ``--init`` the continued
+    folder's own autoencoder, whose card records it. Errors name the folder or option at fault."""
+    from diffusers import AutoencoderKLWan
+
+    if args.init:
+        card = Path(args.init) / "card.json"
+        if not card.is_file():
+            parser.error(f"--init {args.init}: no card.json (not a folder written by toy-ar-video)")
+        given = [
+            f
+            for f, v in (
+                ("--patch-size", args.patch_size),
+                ("--width", args.width),
+                ("--layers", args.layers),
+            )
+            if v
+        ]
+        if given:
+            parser.error(f"--init continues {args.init}'s architecture; drop {', '.join(given)}")
+        if args.vae:
+            parser.error("--init trains on the continued folder's own autoencoder; drop --vae")
+        previous = json.loads(card.read_text())
+        return AutoencoderKLWan.from_pretrained(str(Path(args.init) / "vae")), previous["vae"], previous
+    if not args.vae or not (Path(args.vae) / "training.json").is_file():
+        parser.error(
+            "toy-ar-video needs --vae: a folder written by the video-vae command (with training.json)"
+        )
+    return (
+        AutoencoderKLWan.from_pretrained(args.vae),
+        json.loads((Path(args.vae) / "training.json").read_text()),
+        {},
+    )
 
 
 def video_card_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -145,6 +145,25 @@ def minibatch_forcing_loss(
     return loss_fn
 
 
+def continued_transformer(init: str | Path, text_dim: int, latent_channels: int):
+    """The transformer of the toy-ar-video folder ``init``, in float32 and trainable, after checking
+    that it reads ``text_dim``-wide text embeddings and ``latent_channels`` latent channels (the
+    text encoder and autoencoder it will train with); a mismatch names the folder and the sizes."""
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    folder = Path(init) / "transformer"
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{init}: no transformer/config.json (not a toy-ar-video folder)")
+    transformer = SkyReelsV2Transformer3DModel.from_pretrained(str(folder)).float()
+    config = transformer.config
+    if (config.text_dim, config.in_channels) != (text_dim, latent_channels):
+        raise ValueError(
+            f"{init}: its transformer reads text width {config.text_dim} and {config.in_channels} latent "
+            f"channels; this run has {text_dim} and {latent_channels}"
+        )
+    return transformer.requires_grad_(True)
+
+
 @torch.no_grad()
 def prompt_embeddings(pipe, captions: Sequence[str], batch_size: int = 256) -> torch.Tensor:
     """The pipeline's own text conditioning ``[N, L, D]`` of ``captions`` (its ``encode_prompt``:
@@ -173,6 +192,7 @@ def train_ar_video(
     caption_dropout: float = 0.0,
     device: str | torch.device = "cpu",
     videos: tuple[torch.Tensor, list[str]] | None = None,
+    init: str | Path | None = None,
     **budget_keywords: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """Train toy-ar-video's block-causal transformer from scratch on the latents of
@@ -187,7 +207,9 @@ def train_ar_video(
     GPU: batches, timesteps and dropout are still drawn on the CPU generator, the noise on the
     device's; the saved pipeline is on the CPU). ``videos``: pre-rendered
     ``(uint8 videos, captions)`` (:func:`~genalign.toy.video.data.load_video_pack`) used instead of
-    rendering ``num_videos``. Returns ``(pipeline, info)``.
+    rendering ``num_videos``. ``init``: a toy-ar-video folder whose transformer (its saved EMA
+    weights) this run continues, with a fresh optimiser, warm-up and schedule; its architecture
+    (``width``, ``num_layers``, ``patch``) is the folder's. Returns ``(pipeline, info)``.
 
     The budget (default :data:`AR_VIDEO_BUDGET`) and its keywords ``steps``, ``batch_size``,
     ``lr``, ``num_videos``, ``seed``, ``log_every``, ``max_minutes``, ``ema_decay`` and
@@ -198,9 +220,12 @@ def train_ar_video(
     start = time.time()
     tokenizer = video_tokenizer()
     text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False).eval()
-    transformer = build_video_transformer(
-        text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers, patch=patch
-    )
+    if init is not None:
+        transformer = continued_transformer(init, text_encoder.config.hidden_size, vae.config.z_dim)
+    else:
+        transformer = build_video_transformer(
+            text_encoder.config.hidden_size, vae.config.z_dim, width, num_layers, patch=patch
+        )
     pipe = video_pipeline(vae.eval(), text_encoder, tokenizer, transformer)
     if videos is None:
         videos = toy_video_dataset(budget.num_examples, seed=budget.seed + VIDEO_DATA_SEED_OFFSET)
