@@ -9,6 +9,7 @@ name                       what                                                 
 ``clip``                   CLIPScore (Hessel et al. 2021) or CLIP cosine               yes
 ``pickscore``              PickScore v1 (Kirstain et al. 2023)                         yes
 ``hpsv2``                  HPS v2 / v2.1 (Wu et al. 2023)                              yes
+``hpsv3``                  HPSv3 (Ma et al. 2025): Qwen2-VL + mu/sigma head, the mu    no
 ``aesthetic``              LAION improved aesthetic predictor (as in DDPO)             yes
 ``jpeg_compressibility``   -JPEG size in kB (DDPO)                                     no
 ``jpeg_incompressibility`` +JPEG size in kB (DDPO)                                     no
@@ -22,6 +23,7 @@ name                       what                                                 
 ``iqa_answer``             text: Q-Hawkeye accuracy + format + repetition vs. true MOS  no
 ``shapes_eval``            toy-world verifier: GenEval-style checks from pixels         no
 ``video``                  any image reward per frame; top-30% / mean / min per video  if it
+``videoalign``             VideoReward (Liu et al. 2025): VQ / MQ / TA / overall       no
 ``toy_video_eval``         toy video verifier: objects, motion, relations from frames   no
 ``toy_svg_verifier``       toy oracle for SVG writers: ShapesEval on each SVG's render  no
 =========================  ==========================================================  =====
@@ -45,6 +47,7 @@ from genalign.rewards.clip_models import (
 from genalign.rewards.clip_score import CLIPScoreReward, ClipScoreReward
 from genalign.rewards.ensemble import EnsembleReward
 from genalign.rewards.hps import HPSv2Reward
+from genalign.rewards.hpsv3 import HPSv3Reward
 from genalign.rewards.iqa import (
     CLIPIQAReward,
     ClipIQAReward,
@@ -60,9 +63,11 @@ from genalign.rewards.jpeg import (
 )
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
+from genalign.rewards.qwen_rm import QwenRewardModel
 from genalign.rewards.svg import SVGFidelityReward
 from genalign.rewards.text import IQAAnswerReward, KeywordReward, TextLengthReward
 from genalign.rewards.video import VideoReward
+from genalign.rewards.videoalign import VideoAlignReward
 from genalign.rewards.vlm import VLMJudge, VLMJudgeReward, load_vlm, resolve_word_ids
 from genalign.rewards.vlm_yes import VLMYesReward
 
@@ -89,6 +94,9 @@ __all__ = [
     "CLIPScoreReward",
     "EnsembleReward",
     "HPSv2Reward",
+    "HPSv3Reward",
+    "QwenRewardModel",
+    "VideoAlignReward",
     "IQAAnswerReward",
     "KeywordReward",
     "TextLengthReward",
