@@ -4,6 +4,7 @@ with one window a step under LongLive's local window)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from genalign.trainers.strategies.astrolabe import WINDOW_KEY
 ROOT = Path(__file__).resolve().parents[2]
 SELF_FORCING = ROOT / "configs" / "wan" / "astrolabe_self_forcing.yaml"
 STREAMING = ROOT / "configs" / "wan" / "astrolabe_longlive_streaming.yaml"
+GARDO = ROOT / "configs" / "wan" / "astrolabe_longlive_gardo.yaml"
 TINY = [
     "model.path=tiny:ar_video",
     "model.dtype=float32",
@@ -43,7 +45,9 @@ def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
 
 
-@pytest.mark.parametrize("recipe", [SELF_FORCING, STREAMING], ids=["self_forcing", "longlive_streaming"])
+@pytest.mark.parametrize(
+    "recipe", [SELF_FORCING, STREAMING, GARDO], ids=["self_forcing", "longlive_streaming", "longlive_gardo"]
+)
 def test_the_recipes_hold_the_released_settings(recipe):
     config = load_recipe(recipe)
     train, options = config.train, config.train.astrolabe
@@ -56,6 +60,24 @@ def test_the_recipes_hold_the_released_settings(recipe):
     )
     assert (options.beta, options.kl_weight, list(options.timesteps)) == (0.1, 1e-4, [1000, 750, 500, 250])
     assert (config.sampling.num_inference_steps, config.sampling.guidance_scale) == (4, 1.0)
+    if recipe == GARDO:  # HPSv3 per frame + VideoAlign-MQ on grayscale, weight 1 each, summed
+        hps, mq = config.reward.kwargs["members"]
+        assert config.reward.name == "ensemble" and (hps["weight"], mq["weight"]) == (1.0, 1.0)
+        assert "normalize" not in hps and "normalize" not in mq
+        assert (hps["kwargs"]["reward"], hps["kwargs"]["aggregation"], hps["kwargs"]["fraction"]) == (
+            "hpsv3",
+            "top_fraction",
+            0.3,
+        )
+        assert (mq["name"], mq["kwargs"]["dimension"], mq["kwargs"]["grayscale"]) == (
+            "videoalign",
+            "MQ",
+            True,
+        )
+        assert options.selective_kl and options.main_reward == hps["key"]
+        assert list(config.model.local_window) == [12, 3] and options.num_latent_frames == 21
+        return
+    assert config.reward.kwargs["reward"] == "hpsv3"  # as released (it had been HPSv2.1 standing in)
     assert config.reward.kwargs["aggregation"] == "top_fraction" and config.reward.kwargs["fraction"] == 0.3
     if recipe == STREAMING:
         assert list(config.model.local_window) == [12, 3]
@@ -96,3 +118,46 @@ def test_the_streaming_recipe_trains_one_window_a_step_under_the_local_window(tm
     assert trainer.policy.local_window.local_frames == 4
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
     assert batch.trajectory.extras[WINDOW_KEY] == (start, stop) and batch.trajectory.latents.shape[-3] == stop
+
+
+def test_the_gardo_recipe_runs_a_step_with_tiny_hpsv3_and_videoreward_checkpoints(tmp_path):
+    """The recipe's own reward (its two members as written, pointed at tiny checkpoints in the
+    official layouts) drives a step with the selective KL on the tiny video model."""
+    from genalign.tiny.qwen_rm import hpsv3_checkpoint, qwen2_vl_base, videoreward_checkpoint
+
+    base, processor = qwen2_vl_base(save_to=tmp_path / "qwen")
+    hpsv3_checkpoint(base, processor, tmp_path / "HPSv3.safetensors")
+    videoreward_checkpoint(base, processor, tmp_path / "videoreward", tmp_path / "qwen")
+    hps, mq = load_recipe(GARDO).reward.kwargs["members"]
+    small = {"dtype": "float32", "device": "cpu"}
+    hps["kwargs"]["kwargs"].update(
+        small, checkpoint=str(tmp_path / "HPSv3.safetensors"), base_model=str(tmp_path / "qwen"), pixels=256
+    )
+    mq["kwargs"].update(small, checkpoint=str(tmp_path / "videoreward"), min_pixels=64, max_pixels=256)
+    overrides = [o for o in TINY if not o.startswith("reward.")]
+    config = load_recipe(
+        GARDO,
+        [
+            f"logging.run_dir={tmp_path}/run",
+            *overrides,
+            f"reward.kwargs.members={json.dumps([hps, mq])}",
+            "model.local_window=[4, 2]",
+            "train.astrolabe.num_latent_frames=4",
+            "train.prompts_per_step=2",
+            "train.group_size=4",
+            "train.minibatch_size=4",
+        ],
+    )
+    trainer = build_trainer(config, base_dir=GARDO.parent)
+    history = trainer.train()
+    metrics = history[0]
+    assert math.isfinite(metrics["policy_loss"]) and metrics["selective_kl_fraction"] == pytest.approx(0.1)
+    assert 0 <= metrics["selective_kl_selected"] <= 8
+    batch = trainer.strategy.collect(trainer.rollout_context(), 1)
+    details = batch.sample_details
+    assert set(details) >= {"hpsv3", "mq"} and len(details["mq"]) == 8
+    assert torch.allclose(
+        torch.as_tensor(batch.rewards).float(),
+        torch.as_tensor(details["hpsv3"]).float() + torch.as_tensor(details["mq"]).float(),
+        atol=1e-5,
+    )
