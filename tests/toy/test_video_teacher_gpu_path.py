@@ -175,3 +175,21 @@ def test_toy_ar_video_continues_a_folder_from_its_weights_and_keeps_its_record(t
         with pytest.raises(SystemExit):
             main([*base, *extra, "--out", str(tmp_path / "bad")])
         assert message in capsys.readouterr().err
+
+
+def test_a_pack_of_chosen_categories_holds_only_them_and_the_default_draws_as_before(tmp_path, capsys):
+    from genalign.toy.generators.cli import main
+    from genalign.toy.video.captions import parse_video_caption
+
+    everything = toy_video_dataset(12, seed=4)
+    again = toy_video_dataset(12, seed=4, categories=None)
+    assert torch.equal(everything[0], again[0]) and everything[1] == again[1]
+    pack = tmp_path / "single.xz"
+    args = ["video-pack", "--out", str(pack), "--num-videos", "12", "--seed", "1"]
+    assert main([*args, "--categories", "single_motion,one_moving"]) == 0
+    _, captions = load_video_pack(pack)
+    assert {parse_video_caption(c)["tag"] for c in captions} == {"single_motion", "one_moving"}
+    assert {parse_video_caption(c)["tag"] for c in everything[1]} > {"single_motion", "one_moving"}
+    with pytest.raises(SystemExit):
+        main([*args, "--categories", "single_motion,dancing"])
+    assert "--categories" in (err := capsys.readouterr().err) and "dancing" in err

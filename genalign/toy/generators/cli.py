@@ -53,6 +53,7 @@ COMMAND_OPTIONS += (
     ("--foreground-weight", "foreground_weight", "video-vae"),
     ("--caption-dropout", "caption_dropout", "toy-ar-video"),
     ("--ode-guidance", "ode_guidance", "toy-ar-video-reflow"),
+    ("--categories", "categories", "video-pack"),
 )
 
 
@@ -186,6 +187,9 @@ def _add_video_options(parser: argparse.ArgumentParser) -> None:
         "--foreground-weight",
         type=float,
         help="video-vae: weight of shape pixels in the reconstruction loss, the white background's being 1 (default 5)",
+    )
+    parser.add_argument(
+        "--categories", help="video-pack: only these video categories, comma-separated (default: all four)"
     )
 
 

@@ -146,11 +146,18 @@ def video_card_command(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 
 def video_pack_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Render ``--num-videos`` training videos (the toy-ar-video recipe's data for ``--seed``) into
-    one compressed pack (``--out``), for ``toy-ar-video --videos``."""
+    """Render ``--num-videos`` training videos (the toy-ar-video recipe's data for ``--seed``;
+    ``--categories a,b``: only those video categories) into one compressed pack (``--out``), for
+    ``toy-ar-video --videos``."""
     if not args.num_videos:
         parser.error("video-pack needs --num-videos N (N > 0)")
-    videos, captions = toy_video_dataset(args.num_videos, seed=args.seed + VIDEO_DATA_SEED_OFFSET)
+    categories = args.categories.split(",") if args.categories else None
+    try:
+        videos, captions = toy_video_dataset(
+            args.num_videos, seed=args.seed + VIDEO_DATA_SEED_OFFSET, categories=categories
+        )
+    except ValueError as error:
+        parser.error(f"--categories: {error}")
     save_video_pack(args.out, videos, captions)
     logger.info(
         "[video-pack] %d videos -> %s (%.1f MB)", len(captions), args.out, Path(args.out).stat().st_size / 1e6

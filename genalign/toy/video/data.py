@@ -27,11 +27,13 @@ def toy_video_dataset(
     size: int = VIDEO_SIZE,
     caption_noise: float = 0.0,
     backend: str = "skia",
+    categories: tuple[str, ...] | list[str] | None = None,
 ) -> tuple[torch.Tensor, list[str]]:
     """Videos and captions for training: ``(uint8 [N, frames, 3, size, size], captions)``, the
     ``ar_video`` frame layout (``/ 255`` gives its [0, 1] floats).
 
-    Each video draws a category uniformly, then a **train** prompt of it and a video that
+    Each video draws a category uniformly (from ``categories``, default all of
+    :data:`VIDEO_CATEGORIES`; an unknown name is a ValueError naming it), then a **train** prompt of it and a video that
     satisfies it (:func:`sample_video_for_prompt`); deterministic given ``seed``. With probability
     ``caption_noise`` the video shows a scene drawn for *another* train prompt of the same category
     while keeping the first prompt's caption (loose captions, as ``toy_dataset``'s): a generator
@@ -43,10 +45,16 @@ def toy_video_dataset(
         raise ValueError(f"caption_noise must be in [0, 1], got {caption_noise}")
     if not isinstance(frames, int) or frames < 2:
         raise ValueError(f"frames must be an integer >= 2, got {frames!r}")
+    drawn = tuple(VIDEO_CATEGORIES if categories is None else categories)
+    unknown = [c for c in drawn if c not in VIDEO_CATEGORIES]
+    if unknown or not drawn:
+        raise ValueError(
+            f"categories: {unknown or 'none given'}; expected some of {', '.join(VIDEO_CATEGORIES)}"
+        )
     rng = np.random.default_rng(seed)
     scenes, captions = [], []
     for _ in range(num_videos):
-        category = VIDEO_CATEGORIES[int(rng.integers(len(VIDEO_CATEGORIES)))]
+        category = drawn[int(rng.integers(len(drawn)))]
         scene, caption, _ = sample_video_for_prompt(category, rng, "train", frames)
         if caption_noise and rng.random() < caption_noise:
             scene = sample_video_for_prompt(category, rng, "train", frames)[0]
