@@ -240,3 +240,41 @@ def test_reflow_pairs_follow_the_guided_teacher(small_pipeline):
     torch.testing.assert_close(x0, ode_video_samples(policy, noise, embeds, 2, 4.0, empty))
     _, unguided, _ = reflow_pairs(policy, captions, seed=3, num_steps=2)
     assert not torch.allclose(x0, unguided)
+
+
+def test_first_block_steps_train_block_zero_alone_and_are_off_by_default(small_pipeline, monkeypatch):
+    from genalign.toy.generators import video_train
+
+    transformer = small_pipeline.transformer
+    block = int(transformer.config.num_frame_per_block)
+    embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"])
+    latents = torch.randn(2, 4, 8, 12, 12, generator=torch.Generator().manual_seed(1))
+    # off: the same draws and losses as a loss built without the option
+    default = video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, seed=5)
+    off = video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, 5, first_block_prob=0.0)
+    with torch.no_grad():
+        assert all(torch.equal(default(s), off(s)) for s in range(3))
+    # always: every step is the diffusion-forcing loss of the videos cut to their first block
+    always = video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, 5, first_block_prob=1.0)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for step in range(3):
+            index = torch.randint(2, (3,), generator=generator)
+            torch.rand((), generator=generator)  # the step's coin
+            expected = video_train.diffusion_forcing_loss(
+                transformer, latents[index][:, :, :block], embeds[index], generator
+            )
+            assert torch.equal(always(step), expected)
+    # half: about half of the steps see a one-block video
+    frames = []
+    monkeypatch.setattr(
+        video_train,
+        "diffusion_forcing_loss",
+        lambda tr, lat, emb, gen, noise=None, noise_generator=None: frames.append(lat.shape[2]) or 0,
+    )
+    half = video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, 0, first_block_prob=0.5)
+    for step in range(400):
+        half(step)
+    assert set(frames) == {block, 8} and frames.count(block) / 400 == pytest.approx(0.5, abs=0.08)
+    with pytest.raises(ValueError, match="first_block_prob"):
+        video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, 0, first_block_prob=1.5)

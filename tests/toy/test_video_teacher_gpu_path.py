@@ -158,7 +158,24 @@ def test_toy_ar_video_continues_a_folder_from_its_weights_and_keeps_its_record(t
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     # and a run that learns moves them (so the equality above is the init's, not a no-op's)
     third = tmp_path / "third"
-    assert main([*base, "--init", str(first), "--lr", "1e-2", "--ema-decay", "0", "--out", str(third)]) == 0
+    assert (
+        main(
+            [
+                *base,
+                "--init",
+                str(first),
+                "--lr",
+                "1e-2",
+                "--ema-decay",
+                "0",
+                "--first-block-prob",
+                "0.5",
+                "--out",
+                str(third),
+            ]
+        )
+        == 0
+    )
     moved = SkyReelsV2Transformer3DModel.from_pretrained(str(third / "transformer")).state_dict()
     assert any(not torch.equal(before[k], moved[k]) for k in before)
 

@@ -54,6 +54,7 @@ COMMAND_OPTIONS += (
     ("--caption-dropout", "caption_dropout", "toy-ar-video"),
     ("--ode-guidance", "ode_guidance", "toy-ar-video-reflow"),
     ("--categories", "categories", "video-pack"),
+    ("--first-block-prob", "first_block_prob", "toy-ar-video"),
 )
 
 
@@ -187,6 +188,11 @@ def _add_video_options(parser: argparse.ArgumentParser) -> None:
         "--foreground-weight",
         type=float,
         help="video-vae: weight of shape pixels in the reconstruction loss, the white background's being 1 (default 5)",
+    )
+    parser.add_argument(
+        "--first-block-prob",
+        type=float,
+        help="toy-ar-video: fraction of steps that train the first block alone, drawn from noise (default 0)",
     )
     parser.add_argument(
         "--categories", help="video-pack: only these video categories, comma-separated (default: all four)"

@@ -54,6 +54,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         "width": args.width,
         "patch": args.patch_size,
         "caption_dropout": args.caption_dropout,
+        "first_block_prob": args.first_block_prob,
     }
     options = {k: v for k, v in options.items() if v is not None}
     if args.videos is not None:
