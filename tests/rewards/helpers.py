@@ -56,3 +56,21 @@ def transformers_features(tiny, images: torch.Tensor, prompts: list[str] | None 
 def transformers_cosine(tiny, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     image_features, text_features = transformers_features(tiny, images, prompts)
     return (F.normalize(image_features, dim=-1) * F.normalize(text_features, dim=-1)).sum(-1)
+
+
+def qwen_hidden_by_hand(reference, message: dict, **processor_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [L], last hidden states [L, D])`` of one Qwen2-VL chat computed without the reward
+    code: the chat template, the processor, and the backbone with plain positions 0..L-1 on all
+    three rotary axes (what the official HPSv3 / VideoReward forwards give every token)."""
+    text = reference.processor.apply_chat_template([message], add_generation_prompt=True, tokenize=False)
+    inputs = reference.processor(text=[text], return_tensors="pt", **processor_kwargs)
+    length = inputs["input_ids"].shape[1]
+    visual = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        hidden = reference.backbone(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            position_ids=torch.arange(length).view(1, 1, -1).expand(3, 1, -1),
+            **visual,
+        ).last_hidden_state[0]
+    return inputs["input_ids"][0], hidden

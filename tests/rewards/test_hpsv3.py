@@ -11,7 +11,7 @@ from genalign.rewards import list_rewards, load_reward
 from genalign.rewards.hpsv3 import HPSV3_INSTRUCTION, HPSV3_QUERY, HPSv3Reward
 from genalign.tiny.qwen_rm import hpsv3_checkpoint, qwen2_vl_base
 
-from .helpers import uint8_images
+from .helpers import qwen_hidden_by_hand, uint8_images
 
 PIXELS = 1024  # 16 visual tokens of 8 x 8 px on the tiny model (the real budget is 256 * 28 * 28)
 PROMPTS = ["a red circle", "two blue squares on a long wooden table", "a star"]
@@ -38,19 +38,9 @@ def _by_hand(reference, image: torch.Tensor, prompt: str, at: str = "reward") ->
     pil = pil.resize((32, 24), Image.BICUBIC)  # 40 x 48 at 1024 px on an 8-px grid -> 24 x 32
     message = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": ""}]}
     message["content"][1]["text"] = HPSV3_INSTRUCTION.format(text_prompt=prompt) + HPSV3_QUERY
-    text = reference.processor.apply_chat_template([message], add_generation_prompt=True, tokenize=False)
-    inputs = reference.processor(text=[text], images=[pil], return_tensors="pt")
-    length = inputs["input_ids"].shape[1]
-    with torch.no_grad():
-        hidden = reference.backbone(
-            input_ids=inputs["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
-            position_ids=torch.arange(length).view(1, 1, -1).expand(3, 1, -1),
-        ).last_hidden_state[0]
+    input_ids, hidden = qwen_hidden_by_hand(reference, message, images=[pil])
     token = reference.processor.tokenizer.convert_tokens_to_ids("<|Reward|>")
-    index = (inputs["input_ids"][0] == token).nonzero().item() if at == "reward" else length - 1
+    index = (input_ids == token).nonzero().item() if at == "reward" else len(input_ids) - 1
     layers = reference.head
     h = torch.relu(hidden[index] @ layers[0].weight.T + layers[0].bias)
     h = torch.relu(h @ layers[3].weight.T + layers[3].bias)

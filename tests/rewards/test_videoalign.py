@@ -11,6 +11,8 @@ from genalign.rewards import list_rewards, load_reward
 from genalign.rewards.videoalign import VIDEOALIGN_PROMPT, VideoAlignReward, sample_frames
 from genalign.tiny.qwen_rm import qwen2_vl_base, videoreward_checkpoint
 
+from .helpers import qwen_hidden_by_hand
+
 PROMPTS = ["a red circle rolls", "two blue squares slide to the left", "a star"]
 STATS = {"VQ": (0.5, 2.0), "MQ": (-1.0, 4.0), "TA": (0.25, 0.5)}  # three different (mean, std)
 PIXELS = {"min_pixels": 64, "max_pixels": 512}  # 24 x 32 frames -> 16 x 24 on the 8-px grid
@@ -48,21 +50,11 @@ def _by_hand(reference, video: torch.Tensor, prompt: str) -> torch.Tensor:
     frames = resize(frames, [16, 24], interpolation=InterpolationMode.BICUBIC, antialias=True)
     text = VIDEOALIGN_PROMPT.format(text_prompt=prompt)
     message = {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}
-    rendered = reference.processor.apply_chat_template([message], add_generation_prompt=True, tokenize=False)
-    inputs = reference.processor(text=[rendered], videos=[frames], return_tensors="pt", do_resize=False)
-    length = inputs["input_ids"].shape[1]
-    with torch.no_grad():
-        hidden = reference.backbone(
-            input_ids=inputs["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            pixel_values_videos=inputs["pixel_values_videos"],
-            video_grid_thw=inputs["video_grid_thw"],
-            position_ids=torch.arange(length).view(1, 1, -1).expand(3, 1, -1),
-        ).last_hidden_state[0]
+    input_ids, hidden = qwen_hidden_by_hand(reference, message, videos=[frames], do_resize=False)
     tokenizer = reference.processor.tokenizer
     rows = []
     for k, token in enumerate(["<|VQ_reward|>", "<|MQ_reward|>", "<|TA_reward|>"]):
-        index = (inputs["input_ids"][0] == tokenizer.convert_tokens_to_ids(token)).nonzero().item()
+        index = (input_ids == tokenizer.convert_tokens_to_ids(token)).nonzero().item()
         out = hidden[index] @ reference.head.weight.T  # (out,)
         rows.append(out[k] if out.numel() == 3 else out[0])
     return torch.stack(rows)
