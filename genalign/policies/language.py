@@ -447,6 +447,7 @@ class LanguagePolicy(torch.nn.Module):
         chat_template: bool = True,
         system_prompt: str | None = None,
         images: torch.Tensor | Sequence[torch.Tensor] | None = None,
+        sampler: Any = None,
     ) -> TokenTrajectory:
         """Sample ``group_size`` completions for each prompt with per-sample seeds.
 
@@ -461,6 +462,11 @@ class LanguagePolicy(torch.nn.Module):
             chat_template / system_prompt: render each prompt as a chat turn (module docstring).
             images: for a VLM, one image per prompt in [0, 1] (shared by its group): ``[P, 3, H, W]``,
                 or P ``[3, H, W]`` tensors of any sizes (for a processor that keeps each size).
+            sampler: ``sampler(generators, prompt_length, suppressed_token_ids)`` builds the
+                ``generate`` logits processor that picks each token in place of the seeded
+                temperature sampler (``genalign.policies.language_branch.BranchSampler``: greedy
+                answers and one-token branches off them); the log-probs are still recomputed at
+                ``temperature``.
 
         Returns:
             A :class:`TokenTrajectory`; its ``log_probs`` are recomputed by a forward pass at
@@ -480,7 +486,12 @@ class LanguagePolicy(torch.nn.Module):
         encoded = self.encode_prompts(expanded, settings, images)
         prompt_ids, prompt_mask = encoded.pop("input_ids"), encoded.pop("attention_mask")
         # 2. Sample completions, each row from its own generator
-        completion_ids = self._sample(prompt_ids, prompt_mask, encoded, generators, settings)
+        processor = (
+            _SeededSampler(generators, settings.temperature, self.suppressed_token_ids)
+            if sampler is None
+            else sampler(generators, prompt_ids.shape[1], self.suppressed_token_ids)
+        )
+        completion_ids = self._sample(prompt_ids, prompt_mask, encoded, processor, settings)
         # 3. Mask everything after each completion's first EOS
         completion_mask = completion_mask_after_eos(completion_ids, self.eos_token_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
@@ -511,10 +522,11 @@ class LanguagePolicy(torch.nn.Module):
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
         model_inputs: dict[str, torch.Tensor],
-        generators: list[torch.Generator],
+        processor: Any,
         settings: TokenSettings,
     ) -> torch.Tensor:
-        """``[B, L]`` completion tokens drawn through ``generate`` with :class:`_SeededSampler`."""
+        """``[B, L]`` completion tokens drawn through ``generate`` with ``processor`` (by default
+        :class:`_SeededSampler`) choosing every token."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         config = GenerationConfig(
@@ -528,9 +540,7 @@ class LanguagePolicy(torch.nn.Module):
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=config,
-            logits_processor=LogitsProcessorList(
-                [_SeededSampler(generators, settings.temperature, self.suppressed_token_ids)]
-            ),
+            logits_processor=LogitsProcessorList([processor]),
             **pack_model_inputs(model_inputs, prompt_ids.device),
         )
         return sequences[:, prompt_ids.shape[1] :]

@@ -415,6 +415,10 @@ class SVGTaskConfig:
     ``credit`` (with the greedy baseline): ``"sequence"`` (every completion token carries the
     sample's advantage) or ``"divergence"`` (only the tokens from the first one where the sample
     leaves its group's greedy answer: the shared prefix is the mode's, not the sample's choice).
+    ``rollout``: ``"sample"`` (G completions at the sampling temperature, RLRF's) or ``"branch"``
+    (our variant: each sample copies its group's greedy answer up to one position, draws another
+    token there and finishes greedily; only that token is trained, against the greedy answer's
+    reward, whatever ``baseline`` says; ``genalign.trainers.strategies.svg_branch``).
     """
 
     task: Literal["image_to_svg", "text_to_svg"] = "image_to_svg"
@@ -422,8 +426,16 @@ class SVGTaskConfig:
     baseline: Literal["group", "greedy"] = "group"
     greedy_temperature: float = 0.01  # ~greedy (sampling needs a positive temperature)
     credit: Literal["sequence", "divergence"] = "sequence"
+    rollout: Literal["sample", "branch"] = "sample"
 
     def __post_init__(self) -> None:
+        if self.rollout not in ("sample", "branch"):
+            raise ConfigError(f"train.svg.rollout must be 'sample' or 'branch', got {self.rollout!r}")
+        if self.rollout == "branch" and self.credit != "sequence":
+            raise ConfigError(
+                "train.svg.rollout 'branch' trains each sample's branch token alone; "
+                "leave train.svg.credit at 'sequence'"
+            )
         if self.baseline not in ("group", "greedy"):
             raise ConfigError(f"train.svg.baseline must be 'group' or 'greedy', got {self.baseline!r}")
         if self.credit not in ("sequence", "divergence"):

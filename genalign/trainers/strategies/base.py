@@ -256,6 +256,7 @@ def rollout_indexed_groups(
     row_metadata: Callable[[Any, torch.Tensor], dict[str, Any]],
     images: Callable[[dict[str, Any], torch.Tensor], Any],
     draw: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = draw_indexed_groups,
+    rollout: Callable[..., Any] | None = None,
 ) -> IndexedRollout:
     """Roll out step ``step``'s prompt groups drawn as pool rows (:func:`draw_indexed_groups`;
     the same prompts, seeds and group ids as ``groups`` draws), for strategies whose pool rows
@@ -266,7 +267,8 @@ def rollout_indexed_groups(
     ``rows`` this process's positions in the step's global batch.
     ``config``: a ``TrainConfig`` (its seed, ``prompts_per_step`` and ``group_size``). ``draw``
     replaces :func:`draw_indexed_groups` (same arguments and returns; the ``q_hawkeye`` strategy
-    appends a second view of every group).
+    appends a second view of every group). ``rollout(prompts, seeds, images, group_ids)`` replaces
+    ``context.policy.rollout`` under ``context.precision()`` (the ``svg`` strategy's branches).
     """
     pool = context.prompts
     generator = step_generator(config.seed, step)
@@ -274,13 +276,14 @@ def rollout_indexed_groups(
     prompts = [pool[i] for i in indices.tolist()]
     rows = context.local_rows(len(prompts))
     metadata = row_metadata(pool, indices[rows])
+    local_prompts, shown = [prompts[i] for i in rows.tolist()], images(metadata, rows)
     with context.precision():
-        trajectory = context.policy.rollout(
-            [prompts[i] for i in rows.tolist()],
-            seeds=seeds[rows],
-            images=images(metadata, rows),
-            **context.rollout_kwargs(),
-        )
+        if rollout is None:
+            trajectory = context.policy.rollout(
+                local_prompts, seeds=seeds[rows], images=shown, **context.rollout_kwargs()
+            )
+        else:
+            trajectory = rollout(local_prompts, seeds[rows], shown, group_ids[rows])
     trajectory.group_ids = group_ids[rows]
     return IndexedRollout(trajectory, metadata, prompts, group_ids, rows)
 

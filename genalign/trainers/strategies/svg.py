@@ -29,7 +29,10 @@ against the greedy answer, only samples better than the mode are. With ``train.s
 divergence`` a sample's advantage is carried only by its tokens from the first one where it leaves
 its group's greedy answer (:func:`divergence_mask`); the prefix it shares with the mode is not its
 own choice, and a sequence-level advantage would push the mode's prefix with it. Measured on the
-toy writer, neither option lifted its greedy answer (docs/language.md section 5.2).
+toy writer, neither option lifted its greedy answer (docs/language.md section 5.2). With
+``train.svg.rollout: branch`` the G samples are one-token branches off the greedy answer, each
+trained on its branch token alone against the greedy answer's reward
+(:mod:`genalign.trainers.strategies.svg_branch`, docs/language.md section 5.4).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from genalign.trainers.strategies.base import (
     rollout_indexed_groups,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
+from genalign.trainers.strategies.svg_branch import BranchRollout
 
 __all__ = ["SVGTaskStrategy", "divergence_mask", "draw_indexed_groups"]
 
@@ -70,7 +74,8 @@ class SVGTaskStrategy(GroupRolloutStrategy):
     """Prompt groups of an SVG task with per-sample metadata for the reward (module docstring).
 
     Options: ``train.svg`` (:class:`~genalign.trainers.method_config.SVGTaskConfig`: ``task``,
-    ``repair``, ``baseline``, ``greedy_temperature``, ``credit``) and the advantages of ``groups``.
+    ``repair``, ``baseline``, ``greedy_temperature``, ``credit``, ``rollout``) and the advantages of
+    ``groups``.
     """
 
     def _metadata(self, pool: Any, rows: torch.Tensor) -> dict[str, Any]:
@@ -87,12 +92,14 @@ class SVGTaskStrategy(GroupRolloutStrategy):
 
     def sample(self, context: RolloutContext, step: int) -> RolloutBatch:
         config = self.config
+        branch = BranchRollout(context) if config.svg.rollout == "branch" else None
         trajectory, metadata, prompts, group_ids, rows = rollout_indexed_groups(
             context,
             config,
             step,
             self._metadata,
             lambda metadata, rows: metadata.get("images") if config.svg.task == "image_to_svg" else None,
+            rollout=branch,
         )
         found = self._extract(trajectory.completions)
         svgs = [f.svg if f.svg is not None else "" for f in found]
@@ -101,7 +108,13 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         rewards, details = context.score(trajectory, outputs=svgs, **reward_metadata)
         details.update(self._counts(context, found, details, len(prompts)))
         fields: dict[str, Any] = {}
-        if config.svg.baseline == "greedy":
+        if branch is not None:
+            greedy = self._score_answers(context, branch.answers, branch.first, reward_metadata)
+            greedy = greedy[branch.answer_of.to(greedy.device)]
+            fields["sample_details"] = {"greedy_reward": greedy}
+            fields["metrics"] = {"greedy_reward_mean": float(context.gather(greedy).mean())}
+            fields["metrics"].update(branch.metrics(rewards.to(greedy.device), greedy))
+        elif config.svg.baseline == "greedy":
             greedy, answers = self._greedy_rewards(context, trajectory, metadata, reward_metadata)
             fields["sample_details"] = {"greedy_reward": greedy}
             fields["metrics"] = {"greedy_reward_mean": float(context.gather(greedy).mean())}
@@ -155,6 +168,16 @@ class SVGTaskStrategy(GroupRolloutStrategy):
                 images=images,
                 **kwargs,
             )
+        scores = self._score_answers(context, answers, index, reward_metadata)
+        order = {g: k for k, g in enumerate(first)}  # group -> its row among the greedy answers
+        position = torch.tensor([order[g] for g in groups])
+        return scores[position.to(scores.device)], answers.completion_ids[position]
+
+    def _score_answers(
+        self, context: RolloutContext, answers: Any, index: torch.Tensor, reward_metadata: dict[str, Any]
+    ) -> torch.Tensor:
+        """The rewards ``[len(index)]`` of ``answers``, row k answering local sample ``index[k]``
+        (whose metadata it is scored against)."""
         svgs = [f.svg if f.svg is not None else "" for f in self._extract(answers.completions)]
         picked = {
             name: value[index.to(value.device)]
@@ -163,12 +186,10 @@ class SVGTaskStrategy(GroupRolloutStrategy):
             for name, value in reward_metadata.items()
         }
         scores, _ = context.score(answers, outputs=svgs, **picked)
-        order = {g: k for k, g in enumerate(first)}  # group -> its row among the greedy answers
-        position = torch.tensor([order[g] for g in groups])
-        return scores[position.to(scores.device)], answers.completion_ids[position]
+        return scores
 
     def assign_advantages(self, batch: RolloutBatch, context: RolloutContext) -> None:
-        if self.config.svg.baseline != "greedy":
+        if self.config.svg.baseline != "greedy" and self.config.svg.rollout != "branch":
             super().assign_advantages(batch, context)
             return
         config = self.config
