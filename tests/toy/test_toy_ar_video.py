@@ -163,6 +163,27 @@ def test_the_reflow_ode_runs_block_by_block_causally(small_pipeline):
     assert not torch.allclose(again[:, :, 4:], clean[:, :, 4:])
 
 
+def test_the_ode_continues_a_given_prefix(small_pipeline):
+    from genalign.policies.ar_video import ARVideoPolicy
+    from genalign.toy.generators.video_reflow import ode_video_samples
+
+    policy = ARVideoPolicy(small_pipeline)
+    embeds = prompt_embeddings(small_pipeline, ["a red circle falling", "a blue square rising"])
+    noise = torch.randn(2, 4, 8, 12, 12, generator=torch.Generator().manual_seed(0))
+    block = policy.block_size
+    whole = ode_video_samples(policy, noise, embeds, num_steps=2)
+    # its own first block as the prefix: the same video, the prefix kept to the bit
+    again = ode_video_samples(policy, noise, embeds, num_steps=2, prefix=whole[:, :, :block])
+    torch.testing.assert_close(again, whole)
+    # another start: kept as given, and the continuation follows it
+    start = torch.randn(2, 4, block, 12, 12, generator=torch.Generator().manual_seed(1))
+    other = ode_video_samples(policy, noise, embeds, num_steps=2, prefix=start)
+    assert torch.equal(other[:, :, :block], start)
+    assert not torch.allclose(other[:, :, block:], whole[:, :, block:])
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        ode_video_samples(policy, noise, embeds, num_steps=2, prefix=start[:, :, :1])
+
+
 def test_caption_dropout_swaps_in_the_empty_caption_and_is_off_by_default(small_pipeline, monkeypatch):
     from genalign.toy.generators import video_train
 

@@ -59,6 +59,7 @@ def ode_video_samples(
     guidance_scale: float = 1.0,
     negative_embeds: torch.Tensor | None = None,
     shift: float | None = None,
+    prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Euler ODE ``x <- x + (sigma_{i+1} - sigma_i) v`` of an ``ar_video`` policy from ``noise``
     ``[B, C, F, h, w]``, block by block, each block given the finished earlier blocks as clean
@@ -68,7 +69,11 @@ def ode_video_samples(
     With ``guidance_scale`` w != 1, classifier-free guidance (Ho & Salimans 2022, eq. 6, on the
     velocity): ``v = v_u + w (v_c - v_u)``, ``v_u`` conditioned on ``negative_embeds`` (``[1 or B,
     L, D]``, the empty caption's for a model trained with caption dropout) with the same clean
-    context; both branches run as one batch."""
+    context; both branches run as one batch.
+
+    ``prefix`` (clean latents ``[B, C, F0, h, w]``, F0 a multiple of the block size) is taken as
+    the first F0 frames and only the blocks after it are drawn (the rest of ``noise``): the
+    teacher's continuation of a given start, e.g. the true first block of a rendered video."""
     shift = policy.timestep_shift if shift is None else shift
     timesteps = self_forcing_timesteps(uniform_denoising_steps(num_steps), shift).float()
     sigmas = torch.cat([timesteps / NUM_TRAIN_TIMESTEPS, torch.zeros(1)])
@@ -81,7 +86,16 @@ def ode_video_samples(
         prompt_embeds = torch.cat([prompt_embeds, negative])
     conditioning = {"prompt_embeds": prompt_embeds}
     clean = noise.new_zeros(noise.shape)
-    for start in range(0, noise.shape[2], block):
+    first = 0
+    if prefix is not None:
+        first = int(prefix.shape[2])
+        if first % block or prefix.shape[:2] != noise.shape[:2] or prefix.shape[3:] != noise.shape[3:]:
+            raise ValueError(
+                f"prefix of shape {tuple(prefix.shape)}: expected [B, C, F0, h, w] as noise's "
+                f"{tuple(noise.shape)} with F0 a multiple of the block size {block}"
+            )
+        clean[:, :, :first] = prefix.to(clean.dtype)
+    for start in range(first, noise.shape[2], block):
         x = noise[:, :, start : start + block]
         context = clean[:, :, :start]
         if guided:

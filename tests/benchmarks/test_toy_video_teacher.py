@@ -1,0 +1,72 @@
+"""benchmarks/toy_video_teacher.py: the teacher drawn from noise and from the true first block, on a
+small random model of toy-ar-video's layout (the numbers are the verifier's; the wiring is tested)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from genalign.policies.ar_video import ARVideoPolicy
+from genalign.toy.generators.build import clip_text_encoder
+from genalign.toy.generators.video import (
+    build_video_transformer,
+    build_video_vae,
+    video_latents,
+    video_pipeline,
+    video_tokenizer,
+)
+from genalign.toy.video import toy_video_dataset
+
+TOY_CLIP = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-clip"
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    tokenizer = video_tokenizer()
+    text_encoder = clip_text_encoder(TOY_CLIP, tokenizer).requires_grad_(False).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+        transformer = build_video_transformer(
+            text_encoder.config.hidden_size, 4, width=32, num_layers=1, head_dim=16
+        )
+    return ARVideoPolicy(video_pipeline(vae, text_encoder, tokenizer, transformer))
+
+
+def test_motion_outcomes_by_hand(benchmark_module):
+    bench = benchmark_module("toy_video_teacher")
+    assert bench.motion_outcome({"motions": ["right", "static"]}, "right") == "right"
+    assert bench.motion_outcome({"motions": ["static"]}, "left") == "static"
+    assert bench.motion_outcome({"motions": ["oblique"]}, "left") == "other"
+    assert bench.motion_outcome({"motions": []}, "left") == "absent"
+
+
+def test_both_draws_share_the_noise_and_the_continuation_gets_the_true_first_block(
+    benchmark_module, teacher, monkeypatch
+):
+    bench = benchmark_module("toy_video_teacher")
+    from genalign.toy.generators import video_reflow
+
+    calls = []
+    real = video_reflow.ode_video_samples
+
+    def spy(policy, noise, embeds, steps, guidance, negative, prefix=None):
+        calls.append((noise.clone(), None if prefix is None else prefix.clone(), steps, guidance))
+        return real(policy, noise, embeds, steps, guidance, negative, prefix=prefix)
+
+    monkeypatch.setattr(video_reflow, "ode_video_samples", spy)
+    row = bench.measure(teacher, per_category=2, data_seed=5, guidance=2.0, steps=1, batch_size=4)
+    assert row["videos"] == 4 and set(row) >= {"from_noise", "from_first_block"}
+    (noise_a, none, steps, guidance), (noise_b, prefix, _, _) = calls
+    assert none is None and steps == 1 and guidance == 2.0
+    assert torch.equal(noise_a, noise_b)  # the same noise for both draws
+    videos, _ = toy_video_dataset(4, seed=5, categories=["single_motion", "one_moving"])
+    expected = video_latents(teacher.pipeline.vae, videos)[:, :, : teacher.block_size]
+    torch.testing.assert_close(prefix, expected)
+    for name in ("from_noise", "from_first_block"):
+        result = row[name]
+        assert 0.0 <= result["accuracy"] <= 1.0 and 0.0 <= result["fraction"] <= 1.0
+        assert set(result["per_category"]) >= {"single_motion", "one_moving"}
+        assert sum(result["motion"].values()) <= 4
