@@ -9,14 +9,7 @@ import pytest
 import torch
 
 from genalign.policies.ar_video import ARVideoPolicy
-from genalign.toy.generators.build import clip_text_encoder
-from genalign.toy.generators.video import (
-    build_video_transformer,
-    build_video_vae,
-    video_latents,
-    video_pipeline,
-    video_tokenizer,
-)
+from genalign.toy.generators.video import small_video_pipeline, video_latents
 from genalign.toy.video import toy_video_dataset
 
 TOY_CLIP = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-clip"
@@ -24,15 +17,7 @@ TOY_CLIP = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-clip
 
 @pytest.fixture(scope="module")
 def teacher():
-    tokenizer = video_tokenizer()
-    text_encoder = clip_text_encoder(TOY_CLIP, tokenizer).requires_grad_(False).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        vae = build_video_vae(z_dim=4, base_dim=4).eval()
-        transformer = build_video_transformer(
-            text_encoder.config.hidden_size, 4, width=32, num_layers=1, head_dim=16
-        )
-    return ARVideoPolicy(video_pipeline(vae, text_encoder, tokenizer, transformer))
+    return ARVideoPolicy(small_video_pipeline(TOY_CLIP))
 
 
 def test_motion_outcomes_by_hand(benchmark_module):

@@ -12,11 +12,10 @@ import torch
 
 from genalign.config import ConfigError
 from genalign.policies.language_branch import BranchSampler
-from genalign.rewards import load_reward
-from genalign.rewards.svg import extract_svg_details
 from genalign.trainers import build_trainer, load_recipe
-from genalign.trainers.strategies.base import draw_indexed_groups, step_generator
 from genalign.trainers.strategies.svg_branch import branch_token_mask
+
+from .svg_helpers import greedy_answers_by_hand, greedy_baseline_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -50,22 +49,7 @@ def test_a_branch_step_trains_one_token_per_sample_against_the_greedy_answer(tmp
     assert torch.equal(trajectory.group_ids, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
     assert trajectory.completion_mask.sum(dim=1).tolist() == [1] * 8  # one trained token each
     # each group's greedy answer, written here by the argmax sampler, scored by the verifier
-    indices, _, _ = draw_indexed_groups(
-        len(trainer.prompts), train.prompts_per_step, train.group_size, step_generator(train.seed, 0)
-    )
-    rows, pool = indices[[0, 4]], trainer.prompts.metadata
-    answers = trainer.policy.rollout(
-        [trainer.prompts[i] for i in rows.tolist()],
-        seeds=torch.zeros(2, dtype=torch.long),
-        images=pool["images"][rows],
-        temperature=1.1,
-        max_new_tokens=64,
-        sampler=BranchSampler(),
-    )
-    svgs = [extract_svg_details(text, repair=True).svg or "" for text in answers.completions]
-    expected = load_reward("toy_svg_verifier", mode="mixed", min_reward=-1.0)(
-        svgs, [trainer.prompts[i] for i in rows.tolist()], specs=[pool["specs"][i] for i in rows.tolist()]
-    ).scores
+    answers, expected = greedy_answers_by_hand(trainer, temperature=1.1, sampler=BranchSampler())
     torch.testing.assert_close(batch.sample_details["greedy_reward"], expected.repeat_interleave(4))
     # every branch copies its group's greedy answer up to the trained token, and differs there
     reference = answers.completion_ids.repeat_interleave(4, dim=0)
@@ -74,9 +58,8 @@ def test_a_branch_step_trains_one_token_per_sample_against_the_greedy_answer(tmp
         assert torch.equal(trajectory.completion_ids[b, :position], reference[b, :position])
         assert trajectory.completion_ids[b, position] != reference[b, position]
     # advantages: the reward minus the greedy answer's, over the group's std (GRPO's scale), clipped
-    spread = torch.stack([batch.rewards[:4].std(unbiased=False), batch.rewards[4:].std(unbiased=False)])
-    want = (batch.rewards - expected.repeat_interleave(4)) / (spread.repeat_interleave(4) + 1e-4)
-    torch.testing.assert_close(batch.advantages, want.clamp(-train.advantage_clip, train.advantage_clip))
+    want = greedy_baseline_advantages(batch.rewards, expected, 4, train.advantage_clip)
+    torch.testing.assert_close(batch.advantages, want)
     better = float((batch.rewards > expected.repeat_interleave(4)).float().mean())
     assert batch.metrics["branch_better_fraction"] == pytest.approx(better)
     assert batch.metrics["greedy_reward_mean"] == pytest.approx(float(expected.mean()))

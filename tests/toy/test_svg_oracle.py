@@ -12,12 +12,12 @@ import torch
 
 from genalign.config import ConfigError
 from genalign.rewards import load_reward
-from genalign.rewards.svg import extract_svg_details
 from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import toy_svg_examples, toy_svg_pool
 from genalign.trainers import build_trainer, load_recipe
-from genalign.trainers.strategies.base import draw_indexed_groups, step_generator
 from genalign.trainers.strategies.svg import divergence_mask
+
+from .svg_helpers import greedy_answers_by_hand, greedy_baseline_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -125,27 +125,10 @@ def test_the_greedy_baseline_is_the_reward_of_each_groups_greedy_answer(tmp_path
     assert greedy[:4].unique().numel() == 1 and greedy[4:].unique().numel() == 1  # one per group
     # each group's input answered at 0.01 (the policy's mode) and scored by the verifier, by hand
     train = trainer.config.train
-    indices, _, _ = draw_indexed_groups(
-        len(trainer.prompts), train.prompts_per_step, train.group_size, step_generator(train.seed, 0)
-    )
-    rows = indices[[0, 4]]
-    pool = trainer.prompts.metadata
-    answers = trainer.policy.rollout(
-        [trainer.prompts[i] for i in rows.tolist()],
-        seeds=torch.zeros(2, dtype=torch.long),
-        images=pool["images"][rows],
-        temperature=0.01,
-        max_new_tokens=64,
-        chat_template=True,
-    )
-    svgs = [extract_svg_details(text, repair=True).svg or "" for text in answers.completions]
-    expected = load_reward("toy_svg_verifier", mode="mixed")(
-        svgs, [trainer.prompts[i] for i in rows.tolist()], specs=[pool["specs"][i] for i in rows.tolist()]
-    ).scores
+    _, expected = greedy_answers_by_hand(trainer, temperature=0.01, chat_template=True)
     torch.testing.assert_close(greedy[[0, 4]], expected)
-    spread = torch.stack([batch.rewards[:4].std(unbiased=False), batch.rewards[4:].std(unbiased=False)])
-    want = (batch.rewards - expected.repeat_interleave(4)) / (spread.repeat_interleave(4) + 1e-4)
-    torch.testing.assert_close(batch.advantages, want.clamp(-train.advantage_clip, train.advantage_clip))
+    want = greedy_baseline_advantages(batch.rewards, expected, 4, train.advantage_clip)
+    torch.testing.assert_close(batch.advantages, want)
     assert batch.metrics["greedy_reward_mean"] == pytest.approx(float(expected.mean()))
 
 

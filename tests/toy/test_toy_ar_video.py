@@ -8,13 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from genalign.toy.generators.build import clip_text_encoder
 from genalign.toy.generators.video import (
-    build_video_transformer,
-    build_video_vae,
     decode_for_training,
     encode_frames,
-    video_pipeline,
+    small_video_pipeline,
     video_tokenizer,
     video_words,
 )
@@ -32,15 +29,7 @@ TOY_CLIP = ROOT / "assets" / "models" / "toy-clip"
 @pytest.fixture(scope="module")
 def small_pipeline():
     """toy-ar-video's layout at a fraction of its size (random VAE and transformer)."""
-    tokenizer = video_tokenizer()
-    text_encoder = clip_text_encoder(TOY_CLIP, tokenizer).requires_grad_(False).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        vae = build_video_vae(z_dim=4, base_dim=4).eval()
-        transformer = build_video_transformer(
-            text_encoder.config.hidden_size, 4, width=32, num_layers=1, head_dim=16
-        )
-    return video_pipeline(vae, text_encoder, tokenizer, transformer)
+    return small_video_pipeline(TOY_CLIP)
 
 
 def test_every_video_word_is_one_token():

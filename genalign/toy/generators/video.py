@@ -127,6 +127,24 @@ def video_pipeline(vae, text_encoder, tokenizer, transformer):
     return pipe
 
 
+def small_video_pipeline(clip_text: str | Path, seed: int = 0):
+    """toy-ar-video's layout at a fraction of its size, with random weights (an autoencoder with 4
+    latent channels, a one-layer transformer 32 wide) and toy-clip's text tower read from
+    ``clip_text``: for tests and quick checks of the toy video tools. The weights are drawn from
+    ``seed`` without touching the global random state."""
+    from genalign.toy.generators.build import clip_text_encoder
+
+    tokenizer = video_tokenizer()
+    text_encoder = clip_text_encoder(clip_text, tokenizer).requires_grad_(False).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+        transformer = build_video_transformer(
+            text_encoder.config.hidden_size, 4, width=32, num_layers=1, head_dim=16
+        )
+    return video_pipeline(vae, text_encoder, tokenizer, transformer)
+
+
 # -- encoding and decoding ----------------------------------------------------------------------------
 
 
