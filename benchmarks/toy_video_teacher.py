@@ -14,9 +14,12 @@ the same noise:
 For each it reports the video verifier's accuracy, the mean fraction of its checks met, per
 category, and for the videos whose first clause asks for motion how that object moved (``right``:
 the asked direction; ``static``; ``other``: another or oblique; ``absent``: no object of that
-colour and shape). One JSON line per teacher on stdout and in ``--out``::
+colour and shape). With ``--splits rl_train,rl_heldout`` it also scores the same sampler on those
+prompt splits (``evaluate_video_generator(..., sampler="ode")``, ``--split-per-category`` prompts
+of each category, one video each), as docs/astrolabe.md's tables do. One JSON line per teacher on
+stdout and in ``--out``::
 
-    python benchmarks/toy_video_teacher.py runs/s31/patch2-first3 --per-category 24 --threads 1
+    python benchmarks/toy_video_teacher.py runs/s31/patch2-first3 --splits rl_train,rl_heldout --threads 1
 """
 
 from __future__ import annotations
@@ -113,6 +116,31 @@ def measure(
     return out
 
 
+def measure_splits(
+    path: str | Path | Any,
+    splits: tuple[str, ...],
+    per_category: int = 20,
+    guidance: float = 3.0,
+    steps: int = 16,
+) -> dict[str, Any]:
+    """The guided ODE's verifier accuracy (with its 95% interval), clause fraction and per-category
+    accuracy on each prompt split in ``splits``."""
+    from genalign.toy.generators.video_eval import evaluate_video_generator
+
+    out = {}
+    for split in splits:
+        result = evaluate_video_generator(
+            path, split=split, per_category=per_category, steps=steps, sampler="ode", guidance_scale=guidance
+        )
+        out[split] = {
+            "accuracy": round(float(result["overall"]), 4),
+            "interval": result["interval"],
+            "fraction": round(float(result["mean_fraction"]), 4),
+            "per_category": {k: round(float(v), 4) for k, v in result["per_category"].items()},
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("teachers", nargs="+", help="toy-ar-video folders")
@@ -121,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-seed", type=int, default=777)
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--steps", type=int, default=16, help="Euler steps a block")
+    parser.add_argument(
+        "--splits", default="", help="also score these prompt splits, e.g. rl_train,rl_heldout"
+    )
+    parser.add_argument("--split-per-category", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
     args = parser.parse_args(argv)
@@ -132,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(teacher).is_dir():
                 parser.error(f"{teacher}: not a folder (give a toy-ar-video output folder)")
             row = measure(teacher, args.per_category, categories, args.data_seed, args.guidance, args.steps)
+            splits = tuple(x.strip() for x in args.splits.split(",") if x.strip())
+            if splits:
+                row["splits"] = measure_splits(
+                    teacher, splits, args.split_per_category, args.guidance, args.steps
+                )
             line = json.dumps(row)
             print(line, flush=True)
             if args.out is not None:

@@ -55,3 +55,16 @@ def test_both_draws_share_the_noise_and_the_continuation_gets_the_true_first_blo
         assert 0.0 <= result["accuracy"] <= 1.0 and 0.0 <= result["fraction"] <= 1.0
         assert set(result["per_category"]) >= {"single_motion", "one_moving"}
         assert sum(result["motion"].values()) <= 4
+
+
+def test_the_split_scores_are_the_ode_evaluation(benchmark_module, teacher):
+    bench = benchmark_module("toy_video_teacher")
+    from genalign.toy.generators.video_eval import evaluate_video_generator
+
+    out = bench.measure_splits(teacher, ("rl_train",), per_category=2, guidance=2.0, steps=1)
+    direct = evaluate_video_generator(
+        teacher, split="rl_train", per_category=2, steps=1, sampler="ode", guidance_scale=2.0
+    )
+    assert out["rl_train"]["accuracy"] == round(direct["overall"], 4)
+    assert out["rl_train"]["fraction"] == round(direct["mean_fraction"], 4)
+    assert out["rl_train"]["interval"] == direct["interval"]
