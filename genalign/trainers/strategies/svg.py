@@ -52,7 +52,7 @@ from genalign.trainers.strategies.base import (
     rollout_indexed_groups,
 )
 from genalign.trainers.strategies.groups import GroupRolloutStrategy
-from genalign.trainers.strategies.svg_branch import BranchRollout
+from genalign.trainers.strategies.svg_branch import BranchRollout, group_representatives
 
 __all__ = ["SVGTaskStrategy", "divergence_mask", "draw_indexed_groups"]
 
@@ -156,9 +156,7 @@ class SVGTaskStrategy(GroupRolloutStrategy):
         """ReMax's baseline ``[B_local]``: the reward of a ~greedy answer to each local group's
         input (one rollout per group, at ``train.svg.greedy_temperature``), per sample; and that
         answer's completion tokens per sample ``[B_local, L']``."""
-        groups = trajectory.group_ids.tolist()
-        first = {g: groups.index(g) for g in dict.fromkeys(groups)}  # group -> its first local sample
-        index = torch.tensor(list(first.values()), dtype=torch.long)
+        index, position = group_representatives(trajectory.group_ids)
         images = metadata["images"][index] if self.config.svg.task == "image_to_svg" else None
         kwargs = context.rollout_kwargs() | {"temperature": self.config.svg.greedy_temperature}
         with context.precision():
@@ -169,8 +167,6 @@ class SVGTaskStrategy(GroupRolloutStrategy):
                 **kwargs,
             )
         scores = self._score_answers(context, answers, index, reward_metadata)
-        order = {g: k for k, g in enumerate(first)}  # group -> its row among the greedy answers
-        position = torch.tensor([order[g] for g in groups])
         return scores[position.to(scores.device)], answers.completion_ids[position]
 
     def _score_answers(

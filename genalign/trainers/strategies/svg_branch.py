@@ -21,7 +21,16 @@ from genalign.policies.language_branch import BranchSampler, branch_positions
 from genalign.policies.token_trajectory import TokenTrajectory
 from genalign.trainers.strategies.base import RolloutContext
 
-__all__ = ["BranchRollout", "branch_token_mask"]
+__all__ = ["BranchRollout", "branch_token_mask", "group_representatives"]
+
+
+def group_representatives(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, answer_of)``: each group's first sample ``[G]``, in order of first appearance, and
+    each sample's group as a row of ``first`` ``[B]`` (one answer per group, read back per sample)."""
+    groups = group_ids.tolist()
+    first = {g: groups.index(g) for g in dict.fromkeys(groups)}  # group -> its first sample
+    order = {g: k for k, g in enumerate(first)}
+    return torch.tensor(list(first.values()), dtype=torch.long), torch.tensor([order[g] for g in groups])
 
 
 def branch_token_mask(mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -47,15 +56,11 @@ class BranchRollout:
         self, prompts: list[str], seeds: torch.Tensor, images: Any, group_ids: torch.Tensor
     ) -> TokenTrajectory:
         policy, kwargs = self.context.policy, self.context.rollout_kwargs()
-        groups = group_ids.tolist()
-        first = {g: groups.index(g) for g in dict.fromkeys(groups)}
-        self.first = torch.tensor(list(first.values()), dtype=torch.long)
-        order = {g: k for k, g in enumerate(first)}
-        self.answer_of = torch.tensor([order[g] for g in groups], dtype=torch.long)
+        self.first, self.answer_of = group_representatives(group_ids)
         shown = None if images is None else images[self.first.to(images.device)]
         self.answers = policy.rollout(
             [prompts[i] for i in self.first.tolist()],
-            seeds=torch.zeros(len(first), dtype=torch.long),
+            seeds=torch.zeros(len(self.first), dtype=torch.long),
             images=shown,
             sampler=BranchSampler(),
             **kwargs,
