@@ -210,3 +210,38 @@ def test_a_pack_of_chosen_categories_holds_only_them_and_the_default_draws_as_be
     with pytest.raises(SystemExit):
         main([*args, "--categories", "single_motion,dancing"])
     assert "--categories" in (err := capsys.readouterr().err) and "dancing" in err
+
+
+def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_own(tmp_path, caplog):
+    """A teacher trained with --eval-per-prompt 0 (a GPU box, or a long CPU run) has no ``evals`` in
+    its card; the reflow stage reads it all the same, and with --eval-per-prompt 0 it writes its card
+    without evaluating, for toy-ar-video-card to finish."""
+    from genalign.toy.generators.cli import main
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+    vae.save_pretrained(tmp_path / "vae")
+    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
+    pack = tmp_path / "pack.xz"
+    save_video_pack(pack, *toy_video_dataset(4, seed=5))
+    teacher = tmp_path / "teacher"
+    args = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
+    args += ["--videos", str(pack), "--eval-per-prompt", "0", "--caption-dropout", "0.5"]
+    args += ["--vae", str(tmp_path / "vae"), "--width", "32", "--layers", "1", "--out", str(teacher)]
+    assert main(args) == 0
+    assert "evals" not in json.loads((teacher / "card.json").read_text())
+
+    student = tmp_path / "student"
+    reflow = ["toy-ar-video-reflow", "--init", str(teacher), "--num-videos", "2", "--ode-steps", "1"]
+    reflow += ["--ode-guidance", "2", "--steps", "2", "--batch-size", "2", "--eval-per-prompt", "0"]
+    with caplog.at_level("INFO"):
+        assert main([*reflow, "--out", str(student)]) == 0
+    card, previous = (json.loads((f / "card.json").read_text()) for f in (student, teacher))
+    assert "evals" not in card and "stage_1_evals" not in card
+    assert card["reflow"]["steps"] == 2 and card["reflow"]["ode_guidance"] == 2.0
+    assert (
+        card["commands"][:-1] == previous["commands"] and len(card["commands"]) == 3
+    )  # vae, teacher, reflow
+    assert (student / "transformer").is_dir() and not (student / "README.md").exists()
+    assert f"toy-ar-video-card --out {student}" in caplog.text

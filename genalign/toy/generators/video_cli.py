@@ -182,7 +182,6 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     card = {
         **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
         "commands": [*previous["commands"], command_line()],
-        "stage_1_evals": {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")},
         "reflow": {
             "steps": info["steps"],
             "train_seconds": info["train_seconds"],
@@ -193,8 +192,14 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "loss_history": info["loss_history"],
         },
         "train_seconds": previous["train_seconds"] + info["train_seconds"],
-        "evals": video_evaluations(out, args.eval_seed, args.eval_per_prompt),
     }
+    if "evals" in previous:  # a teacher trained with --eval-per-prompt 0 has none
+        card["stage_1_evals"] = {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")}
+    if args.eval_per_prompt == 0:
+        (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+        logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)
+        return 0
+    card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt)
     write_video_card(out, card)
     return 0
 
