@@ -16,10 +16,12 @@ category, and for the videos whose first clause asks for motion how that object 
 the asked direction; ``static``; ``other``: another or oblique; ``absent``: no object of that
 colour and shape). With ``--splits rl_train,rl_heldout`` it also scores the same sampler on those
 prompt splits (``evaluate_video_generator(..., sampler="ode")``, ``--split-per-category`` prompts
-of each category, one video each), as docs/astrolabe.md's tables do. One JSON line per teacher on
-stdout and in ``--out``::
+of each category, one video each), as docs/astrolabe.md's tables do; with ``--rollout-steps N``
+also with the policy's Self-Forcing rollout (N steps a block, unguided), the sampler of a reflow
+student (``toy-ar-video-reflow``) and of RL. One JSON line per teacher on stdout and in ``--out``::
 
     python benchmarks/toy_video_teacher.py runs/s31/patch2-first3 --splits rl_train,rl_heldout --threads 1
+    python benchmarks/toy_video_teacher.py STUDENT --splits rl_train,rl_heldout --rollout-steps 4 --threads 1
 """
 
 from __future__ import annotations
@@ -122,15 +124,22 @@ def measure_splits(
     per_category: int = 20,
     guidance: float = 3.0,
     steps: int = 16,
+    sampler: str = "ode",
 ) -> dict[str, Any]:
-    """The guided ODE's verifier accuracy (with its 95% interval), clause fraction and per-category
-    accuracy on each prompt split in ``splits``."""
+    """The verifier's accuracy (with its 95% interval), clause fraction and per-category accuracy on
+    each prompt split in ``splits``: of the guided ODE, or with ``sampler="self_forcing"`` of the
+    policy's few-step rollout (``steps`` a block, no guidance: how a distilled student samples)."""
     from genalign.toy.generators.video_eval import evaluate_video_generator
 
     out = {}
     for split in splits:
         result = evaluate_video_generator(
-            path, split=split, per_category=per_category, steps=steps, sampler="ode", guidance_scale=guidance
+            path,
+            split=split,
+            per_category=per_category,
+            steps=steps,
+            sampler=sampler,
+            guidance_scale=guidance,
         )
         out[split] = {
             "accuracy": round(float(result["overall"]), 4),
@@ -153,12 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         "--splits", default="", help="also score these prompt splits, e.g. rl_train,rl_heldout"
     )
     parser.add_argument("--split-per-category", type=int, default=20)
+    parser.add_argument(
+        "--rollout-steps",
+        type=int,
+        default=0,
+        help="also score --splits with the Self-Forcing rollout at this many steps a block, "
+        "unguided (a reflow student's sampler; 0: off)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
     args = parser.parse_args(argv)
     from genalign.toy.training import torch_threads
 
     categories = tuple(c.strip() for c in args.categories.split(",") if c.strip())
+    if args.rollout_steps > 0 and not args.splits.strip():
+        parser.error("--rollout-steps scores the prompt splits: give --splits too, e.g. rl_train,rl_heldout")
     with torch_threads(args.threads):
         for teacher in args.teachers:
             if not Path(teacher).is_dir():
@@ -168,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             if splits:
                 row["splits"] = measure_splits(
                     teacher, splits, args.split_per_category, args.guidance, args.steps
+                )
+            if splits and args.rollout_steps > 0:
+                row["rollout_steps"] = args.rollout_steps
+                row["splits_self_forcing"] = measure_splits(
+                    teacher, splits, args.split_per_category, 1.0, args.rollout_steps, "self_forcing"
                 )
             line = json.dumps(row)
             print(line, flush=True)

@@ -68,3 +68,21 @@ def test_the_split_scores_are_the_ode_evaluation(benchmark_module, teacher):
     assert out["rl_train"]["accuracy"] == round(direct["overall"], 4)
     assert out["rl_train"]["fraction"] == round(direct["mean_fraction"], 4)
     assert out["rl_train"]["interval"] == direct["interval"]
+
+
+def test_the_rollout_scores_are_the_self_forcing_evaluation_without_guidance(
+    benchmark_module, teacher, capsys
+):
+    bench = benchmark_module("toy_video_teacher")
+    from genalign.toy.generators.video_eval import evaluate_video_generator
+
+    out = bench.measure_splits(
+        teacher, ("rl_heldout",), per_category=2, guidance=1.0, steps=2, sampler="self_forcing"
+    )
+    direct = evaluate_video_generator(teacher, split="rl_heldout", per_category=2, steps=2)
+    assert out["rl_heldout"]["accuracy"] == round(direct["overall"], 4)
+    assert out["rl_heldout"]["interval"] == direct["interval"]
+    assert direct["settings"]["sampler"].startswith("Self-Forcing")
+    with pytest.raises(SystemExit):
+        bench.main([str(TOY_CLIP), "--rollout-steps", "4"])
+    assert "give --splits too" in capsys.readouterr().err
