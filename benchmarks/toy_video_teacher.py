@@ -146,6 +146,7 @@ def measure_splits(
             "interval": result["interval"],
             "fraction": round(float(result["mean_fraction"]), 4),
             "per_category": {k: round(float(v), 4) for k, v in result["per_category"].items()},
+            "sampler": result["settings"]["sampler"],
         }
     return out
 

@@ -68,6 +68,7 @@ def test_the_split_scores_are_the_ode_evaluation(benchmark_module, teacher):
     assert out["rl_train"]["accuracy"] == round(direct["overall"], 4)
     assert out["rl_train"]["fraction"] == round(direct["mean_fraction"], 4)
     assert out["rl_train"]["interval"] == direct["interval"]
+    assert out["rl_train"]["sampler"] == direct["settings"]["sampler"] and "ODE" in out["rl_train"]["sampler"]
 
 
 def test_the_rollout_scores_are_the_self_forcing_evaluation_without_guidance(
@@ -82,7 +83,8 @@ def test_the_rollout_scores_are_the_self_forcing_evaluation_without_guidance(
     direct = evaluate_video_generator(teacher, split="rl_heldout", per_category=2, steps=2)
     assert out["rl_heldout"]["accuracy"] == round(direct["overall"], 4)
     assert out["rl_heldout"]["interval"] == direct["interval"]
-    assert direct["settings"]["sampler"].startswith("Self-Forcing")
+    assert out["rl_heldout"]["sampler"] == direct["settings"]["sampler"]
+    assert out["rl_heldout"]["sampler"].startswith("Self-Forcing")
     with pytest.raises(SystemExit):
         bench.main([str(TOY_CLIP), "--rollout-steps", "4"])
     assert "give --splits too" in capsys.readouterr().err
