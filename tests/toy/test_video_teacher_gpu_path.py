@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[2]
 TOY_CLIP = ROOT / "assets" / "models" / "toy-clip"
 
 
+def _tiny_vae_and_pack(tmp_path: Path) -> Path:
+    """A tiny seeded autoencoder in ``tmp_path/vae`` (as video-vae writes it) and a 4-video pack;
+    returns the pack's path."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_video_vae(z_dim=4, base_dim=4).eval()
+    vae.save_pretrained(tmp_path / "vae")
+    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
+    pack = tmp_path / "pack.xz"
+    save_video_pack(pack, *toy_video_dataset(4, seed=5))
+    return pack
+
+
 def test_a_video_pack_round_trips_exactly_and_compresses(tmp_path):
     videos, captions = toy_video_dataset(12, seed=4)
     path = tmp_path / "pack.xz"
@@ -135,13 +148,7 @@ def test_toy_ar_video_continues_a_folder_from_its_weights_and_keeps_its_record(t
 
     from genalign.toy.generators.cli import main
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        vae = build_video_vae(z_dim=4, base_dim=4).eval()
-    vae.save_pretrained(tmp_path / "vae")
-    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
-    pack = tmp_path / "pack.xz"
-    save_video_pack(pack, *toy_video_dataset(4, seed=5))
+    pack = _tiny_vae_and_pack(tmp_path)
     base = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
     base += ["--videos", str(pack), "--eval-per-prompt", "0"]
     first = tmp_path / "first"
@@ -218,13 +225,7 @@ def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_
     without evaluating, for toy-ar-video-card to finish."""
     from genalign.toy.generators.cli import main
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        vae = build_video_vae(z_dim=4, base_dim=4).eval()
-    vae.save_pretrained(tmp_path / "vae")
-    (tmp_path / "vae" / "training.json").write_text(json.dumps({"commands": ["video-vae ..."]}))
-    pack = tmp_path / "pack.xz"
-    save_video_pack(pack, *toy_video_dataset(4, seed=5))
+    pack = _tiny_vae_and_pack(tmp_path)
     teacher = tmp_path / "teacher"
     args = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
     args += ["--videos", str(pack), "--eval-per-prompt", "0", "--caption-dropout", "0.5"]
