@@ -116,7 +116,7 @@ def test_eval_items_and_the_accuracy_interval():
 
 @pytest.mark.slow
 def test_the_toy_astrolabe_recipe_runs_a_step_with_the_verifier_as_monitor(small_pipeline, tmp_path):
-    """On a random model of the toy generator's layout (none is shipped yet: docs/astrolabe.md)."""
+    """On a random model of the shipped toy generator's layout (a fraction of its size, for speed)."""
     from genalign.cli import main
 
     model = tmp_path / "model"
@@ -288,3 +288,41 @@ def test_first_block_steps_train_block_zero_alone_and_are_off_by_default(small_p
     assert set(frames) == {block, 8} and frames.count(block) / 400 == pytest.approx(0.5, abs=0.08)
     with pytest.raises(ValueError, match="first_block_prob"):
         video_train.minibatch_forcing_loss(transformer, latents, embeds, 3, 0, first_block_prob=1.5)
+
+
+SHIPPED = ROOT / "assets" / "models" / "toy-ar-video"
+
+
+def test_the_shipped_toy_ar_video_loads_and_reproduces_its_card():
+    """assets/models/toy-ar-video: a plain diffusers pipeline with the recipe's layout, whose card's
+    fixed subset re-scores to the card's accuracy and fraction of checks met; the toy Astrolabe
+    recipe starts from it."""
+    from diffusers import SkyReelsV2DiffusionForcingPipeline
+
+    from genalign.policies import load_policy
+    from genalign.toy.generators.video_eval import evaluate_video_generator
+    from genalign.trainers.config import load_recipe
+
+    pipe = SkyReelsV2DiffusionForcingPipeline.from_pretrained(str(SHIPPED))
+    assert pipe.transformer.config.patch_size == [1, 2, 2]  # 36 tokens a latent frame
+    card = json.loads((SHIPPED / "card.json").read_text())
+    assert card["size_mb"] < 6.0 and card["parameters"]["transformer"] == sum(
+        p.numel() for p in pipe.transformer.parameters()
+    )
+    policy = load_policy("ar_video", str(SHIPPED), train=False)
+    subset = card["evals"]["subset"]
+    settings = subset["settings"]
+    result = evaluate_video_generator(
+        policy,
+        split=settings["split"],
+        per_category=settings["per_category"],
+        num_per_prompt=settings["num_per_prompt"],
+        seed=settings["seed"],
+        steps=settings["num_inference_steps"],
+    )
+    assert result["settings"] == settings
+    assert abs(result["overall"] - subset["overall"]) <= 1e-6
+    assert abs(result["mean_fraction"] - subset["mean_fraction"]) <= 1e-6
+    assert 0.0 < subset["mean_fraction"] < 1.0  # a value the check can miss, not a floor or a ceiling
+    recipe = load_recipe(ROOT / "configs" / "toy" / "astrolabe_video.yaml")
+    assert (ROOT / recipe.model.path).resolve() == SHIPPED.resolve()

@@ -266,7 +266,9 @@ at 48 px; `genalign.toy.video`), in the `ar_video` family's layout: a
 latent frames), an `AutoencoderKLWan` (4x spatial, no temporal compression) and, as text encoder,
 the frozen text tower of toy-clip (a `CLIPTextModel` with a toy `CLIPTokenizer`; diffusers logs that
 it expected a T5 encoder, and runs it). Sampled Self-Forcing style by the `ar_video` policy, 4 steps
-per block. It follows its prompts imperfectly, by design: room for Astrolabe.
+per block. It follows its prompts imperfectly (a few CPU-hours of training; docs/astrolabe.md tracks it
+stage by stage), which leaves room for Astrolabe; its own guided Euler ODE draws better videos than
+the few-step rollout (`benchmarks/toy_video_teacher.py`).
 
 Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 `SkyReelsV2DiffusionForcingPipeline.from_pretrained("assets/models/{card["name"]}")` or
@@ -278,6 +280,9 @@ Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 ```
 {chr(10).join(card["commands"])}
 ```
+
+A `--videos` pack is `python -m genalign.toy.generators video-pack --out PACK --num-videos N --seed S`
+(each stage's N and S: docs/astrolabe.md).
 
 - Data: toy videos of train prompts only (`toy_video_dataset`, categories uniform, 8 frames, 48 px, skia).
 - Autoencoder: {vae["steps"]} steps over {len(vae["commands"])} stage(s), L1 + L2 (shape pixels weighted
@@ -294,7 +299,8 @@ Built by `genalign/toy/generators/video*.py` (issue #26). Load it with
 ## Verifier accuracy (`toy_video_eval`), 95% intervals stratified by category
 {sections}
 Small fixed subset (re-scored by `tests/toy/test_toy_ar_video.py`): settings
-`{json.dumps(evals["subset"]["settings"])}`, overall {evals["subset"]["overall"]:.4f}.
+`{json.dumps(evals["subset"]["settings"])}`, overall {evals["subset"]["overall"]:.4f}, mean fraction of
+the checks met {evals["subset"]["mean_fraction"]:.4f}.
 
 Reproduce: `evaluate_video_generator(path, split, per_category, num_per_prompt, seed, steps)` in
 `genalign.toy.generators.video_eval`.
