@@ -312,13 +312,9 @@ def test_the_shipped_toy_ar_video_loads_and_reproduces_its_card():
     policy = load_policy("ar_video", str(SHIPPED), train=False)
     subset = card["evals"]["subset"]
     settings = subset["settings"]
+    keys = ("split", "per_category", "num_per_prompt", "seed")
     result = evaluate_video_generator(
-        policy,
-        split=settings["split"],
-        per_category=settings["per_category"],
-        num_per_prompt=settings["num_per_prompt"],
-        seed=settings["seed"],
-        steps=settings["num_inference_steps"],
+        policy, steps=settings["num_inference_steps"], **{k: settings[k] for k in keys}
     )
     assert result["settings"] == settings
     assert abs(result["overall"] - subset["overall"]) <= 1e-6
