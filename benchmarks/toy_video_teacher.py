@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines here")
     args = parser.parse_args(argv)
+    from genalign.policies import load_policy
     from genalign.toy.training import torch_threads
 
     categories = tuple(c.strip() for c in args.categories.split(",") if c.strip())
@@ -182,16 +183,18 @@ def main(argv: list[str] | None = None) -> int:
         for teacher in args.teachers:
             if not Path(teacher).is_dir():
                 parser.error(f"{teacher}: not a folder (give a toy-ar-video output folder)")
-            row = measure(teacher, args.per_category, categories, args.data_seed, args.guidance, args.steps)
+            policy = load_policy("ar_video", teacher, train=False)  # loaded once for every measure
+            row = measure(policy, args.per_category, categories, args.data_seed, args.guidance, args.steps)
+            row["teacher"] = teacher
             splits = tuple(x.strip() for x in args.splits.split(",") if x.strip())
             if splits:
                 row["splits"] = measure_splits(
-                    teacher, splits, args.split_per_category, args.guidance, args.steps
+                    policy, splits, args.split_per_category, args.guidance, args.steps
                 )
             if splits and args.rollout_steps > 0:
                 row["rollout_steps"] = args.rollout_steps
                 row["splits_self_forcing"] = measure_splits(
-                    teacher, splits, args.split_per_category, 1.0, args.rollout_steps, "self_forcing"
+                    policy, splits, args.split_per_category, 1.0, args.rollout_steps, "self_forcing"
                 )
             line = json.dumps(row)
             print(line, flush=True)

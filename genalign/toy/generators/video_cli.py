@@ -90,13 +90,7 @@ def ar_video_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         card["stage_steps"], card["stage_seconds"] = info["steps"], info["train_seconds"]
         card["steps"] += previous.get("steps", 0)
         card["train_seconds"] += previous.get("train_seconds", 0.0)
-    if args.eval_per_prompt == 0:  # e.g. trained on a GPU box: evaluate later, toy-ar-video-card
-        (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-        logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)
-        return 0
-    card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt)
-    write_video_card(out, card)
-    return 0
+    return finish_video_card(out, card, args)
 
 
 def ar_video_stage(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Any, dict, dict]:
@@ -195,6 +189,12 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     }
     if "evals" in previous:  # a teacher trained with --eval-per-prompt 0 has none
         card["stage_1_evals"] = {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")}
+    return finish_video_card(out, card, args)
+
+
+def finish_video_card(out: Path, card: dict[str, Any], args: argparse.Namespace) -> int:
+    """Evaluate ``out`` and write its card and README; with ``--eval-per-prompt 0`` (e.g. trained on
+    a GPU box) write only card.json, for ``toy-ar-video-card`` to finish later."""
     if args.eval_per_prompt == 0:
         (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
         logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)

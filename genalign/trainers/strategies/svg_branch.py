@@ -28,7 +28,9 @@ def group_representatives(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.
     """``(first, answer_of)``: each group's first sample ``[G]``, in order of first appearance, and
     each sample's group as a row of ``first`` ``[B]`` (one answer per group, read back per sample)."""
     groups = group_ids.tolist()
-    first = {g: groups.index(g) for g in dict.fromkeys(groups)}  # group -> its first sample
+    first: dict[int, int] = {}  # group -> its first sample, in order of first appearance
+    for i, g in enumerate(groups):
+        first.setdefault(g, i)
     order = {g: k for k, g in enumerate(first)}
     return torch.tensor(list(first.values()), dtype=torch.long), torch.tensor([order[g] for g in groups])
 
