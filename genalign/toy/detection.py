@@ -375,3 +375,35 @@ def detect_objects(
                     found.shape = None
                 objects.append(found)
     return sorted(objects, key=lambda obj: -obj.area)
+
+
+@dataclass(frozen=True)
+class SceneComparison:
+    """How the objects read from an image compare with those read from its target.
+
+    Attributes:
+        match: both hold the same multiset of (shape, colour); positions are not compared
+            (ShapesEval's relation checks do that).
+        f1: ``2 |common| / (|image| + |target|)`` over the two multisets (1.0 when both are empty).
+        extra: how many more objects the image holds than the target (at least 0).
+    """
+
+    match: bool
+    f1: float
+    extra: int
+
+
+def compare_scenes(
+    image: torch.Tensor | np.ndarray,
+    target: torch.Tensor | np.ndarray,
+    config: ShapesEvalConfig | None = None,
+) -> SceneComparison:
+    """Objects of ``image`` against those of ``target`` (both ``[3, H, W]`` in [0, 1]), each read
+    by :func:`detect_objects`; an object whose shape or colour is unread counts as ``"?"``."""
+    found = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(image, config))
+    wanted = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(target, config))
+    common = sum(min(found.count(item), wanted.count(item)) for item in set(found))
+    total = len(found) + len(wanted)
+    return SceneComparison(
+        found == wanted, 2 * common / total if total else 1.0, max(0, len(found) - len(wanted))
+    )

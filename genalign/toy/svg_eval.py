@@ -14,15 +14,23 @@ as the ``svg`` strategy extracts it (:func:`genalign.rewards.svg.extract_svg_det
   target, an invalid SVG counted as a blank white canvas;
 * ``length_ratio``: characters of the SVG over the reference's (valid SVGs only);
 * ``shapes_eval``: the verifier (:mod:`genalign.toy.shapes_eval`, never a reward) on the render
-  against the scene's spec, GenEval's mean of per-category accuracies.
+  against the scene's spec, GenEval's mean of per-category accuracies;
+* ``scene_match``: the render holds exactly the target's objects, as a multiset of (shape,
+  colour) read by the verifier's detector from both images, and ``extra_objects``: how many
+  more objects the render holds than the target (0 when it holds as many or fewer). GenEval's
+  rule, which ShapesEval follows, asks for *at least* ``count`` objects, so a writer that adds
+  shapes passes more single-object, two-object and colour prompts without drawing the scene;
+  for image-to-SVG the whole scene is the target, and these two measures see the difference.
 
 Intervals: a normal interval of the mean (``1.96 s / sqrt(n)``) for per-sample measures, Wilson's
 for validity, and for ShapesEval the category-stratified interval of GenEval's mean. Between
 consecutive models the report gives paired changes (same scenes, same seeds) and a
 **reward-hacking check**: *length collapse* (the mean length ratio of the later model below
-``collapse_ratio`` of the earlier one's, or below 0.5 of the reference) and *fidelity without
+``collapse_ratio`` of the earlier one's, or below 0.5 of the reference), *fidelity without
 the verifier* (the reward score's change has an interval above 0 while ShapesEval's change has
-an interval that contains 0 or lies below it).
+an interval that contains 0 or lies below it) and *the verifier without the scene* (ShapesEval's
+change has an interval above 0 while ``scene_match``'s contains 0 or lies below it: the writer
+passes more specs without drawing more scenes, e.g. by adding objects).
 
     genalign eval-svg before=runs/toy/svg-writer-init sft=assets/models/toy-svg-writer --count 256
 """
@@ -40,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.svg import extract_svg_details, render_batch
+from genalign.toy.detection import compare_scenes
 from genalign.toy.evaluation import paired_change_interval
 from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import DEFAULT_INSTRUCTION, toy_svg_examples
@@ -57,7 +66,18 @@ __all__ = [
 
 EVAL_SEED = 12345  # scene seed of the held-out set: no recipe trains on it
 CLIP_DIR = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-clip"
-MEAN_METRICS = ("score", "image", "edge", "semantic", "length", "pixel_mse", "ssim", "length_ratio")
+MEAN_METRICS = (
+    "score",
+    "image",
+    "edge",
+    "semantic",
+    "length",
+    "pixel_mse",
+    "ssim",
+    "length_ratio",
+    "scene_match",
+    "extra_objects",
+)
 
 
 @dataclass
@@ -115,6 +135,14 @@ def ssim(x: torch.Tensor, y: torch.Tensor, window: int = 11, sigma: float = 1.5)
     return value.mean(dim=(1, 2, 3)).float()
 
 
+def scene_match(images: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per pair of ``[N, 3, H, W]`` images: 1.0 when both hold the same multiset of (shape, colour)
+    (:func:`~genalign.toy.detection.compare_scenes`), else 0.0; and how many more objects the
+    image holds than its target."""
+    comparisons = [compare_scenes(image, target) for image, target in zip(images, targets, strict=True)]
+    return [float(c.match) for c in comparisons], [float(c.extra) for c in comparisons]
+
+
 def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[str, list[float]]:
     """Per-sample measures of ``svgs`` (one per scene; ``""`` for a completion without SVG)."""
     size = eval_set.images.shape[-1]
@@ -126,6 +154,7 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
     white = torch.ones_like(eval_set.images[0])
     images = torch.stack([r.image if r.ok else white for r in renders])
     verdict = evaluate(images, eval_set.specs)["per_sample"]
+    matches, extras = scene_match(images, eval_set.images)
     result = {
         "valid": valid.float().tolist(),
         "score": out.scores.tolist(),
@@ -134,6 +163,8 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
         "length_ratio": out.details["length_ratio"].tolist(),
         "shapes_eval": [float(v["correct"]) for v in verdict],
         "category": [v["category"] for v in verdict],
+        "scene_match": matches,
+        "extra_objects": extras,
     }
     for term in ("image", "edge", "semantic", "length"):
         if term in out.details:
@@ -212,10 +243,13 @@ def hacking_check(
     collapse = None not in lengths and (lengths[1] < collapse_ratio * lengths[0] or lengths[1] < 0.5)
     score_up = changes["score"]["ci"][0] is not None and changes["score"]["ci"][0] > 0
     verifier_flat = not high > 0 if math.isfinite(high) else True
+    scene = changes.get("scene_match", {}).get("ci", [None, None])
+    scene_flat = scene[0] is not None and not scene[0] > 0
     return {
         "changes": changes,
         "length_collapse": bool(collapse),
         "fidelity_up_verifier_flat": bool(score_up and (verifier_flat or not low > 0)),
+        "verifier_up_scene_flat": bool(math.isfinite(low) and low > 0 and scene_flat),
         "collapse_ratio": collapse_ratio,
     }
 
@@ -331,6 +365,8 @@ def evaluate_svg_writers(
 TABLE_ROWS = (
     ("validity", "validity", 100),
     ("shapes_eval", "ShapesEval on render", 100),
+    ("scene_match", "scene match", 100),
+    ("extra_objects", "extra objects", 1),
     ("score", "svg_fidelity score", 1),
     ("image", "image term", 1),
     ("edge", "edge term", 1),
@@ -364,7 +400,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(
             f"{name}: ShapesEval {_signed(shapes, 100)} points, score {_signed(score, 1)}; "
             f"length collapse: {'YES' if check['length_collapse'] else 'no'}; "
-            f"fidelity up while the verifier is flat: {'YES' if check['fidelity_up_verifier_flat'] else 'no'}"
+            f"fidelity up while the verifier is flat: {'YES' if check['fidelity_up_verifier_flat'] else 'no'}; "
+            f"scene match {_signed(check['changes'].get('scene_match', {}), 100)} points; "
+            f"verifier up without the scene: {'YES' if check.get('verifier_up_scene_flat') else 'no'}"
         )
     return "\n".join(lines)
 

@@ -14,6 +14,17 @@ Modes (as ``genalign.toy.demo.ORACLE_REWARDS``): ``correct`` (GenEval's 0/1), ``
 fraction of atomic checks passed) and ``mixed`` (``correct + 0.5 * partial``: a correct render
 always outscores a wrong one, and wrong ones are ranked by how close they came). An SVG that does
 not render, or renders blank, scores ``min_reward`` and is counted in ``failure_count``.
+
+``scene`` closes a hole the other modes leave open for image-to-SVG. ShapesEval asks for *at
+least* ``count`` objects, as GenEval does, so a writer can pass more specs by adding shapes:
+from a writer SFT'd on 256 labelled scenes, RL on ``mixed`` raised ShapesEval on held-out
+scenes by 8 points while the renders gained 0.5 objects a scene and the share that reproduce the
+target's objects fell from 11% to 2% (docs/language.md section 5.5). ``scene`` compares the
+render with the target image too (``metadata["targets"]``, which the ``svg`` strategy hands over;
+:func:`genalign.toy.detection.compare_scenes`): a render is right when ShapesEval accepts it
+*and* it holds the target's objects, no more, no fewer (1.0), and partial credit is half the mean
+of the fraction of checks passed and the objects' F1, so a right render (1.5) outscores every
+wrong one (at most 0.5).
 """
 
 from __future__ import annotations
@@ -25,23 +36,25 @@ import torch
 
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.rewards.svg import RenderLimits, render_batch
+from genalign.toy.detection import compare_scenes
 from genalign.toy.shapes_eval import ShapesEvalReward
 
 __all__ = ["SVGVerifierReward"]
 
-MODES = ("correct", "partial", "mixed")
+MODES = ("correct", "partial", "mixed", "scene")
 
 
 class SVGVerifierReward(Reward):
     """ShapesEval on the render of each SVG (module docstring).
 
     Args:
-        mode: ``correct``, ``partial`` or ``mixed``.
+        mode: ``correct``, ``partial``, ``mixed`` or ``scene`` (needs ``targets``).
         canvas: render size in pixels (the toy scenes' ``canvas``, 32).
         min_reward: the score of an SVG that fails to render or renders blank.
         backend, limits, workers, pool: the renderer's, as ``svg_fidelity``'s.
 
-    Scores ``[B]``; ``details``: ``correct`` and ``partial`` ``[B]`` (0 for a failed render),
+    Scores ``[B]``; ``details``: ``correct`` and ``partial`` ``[B]`` (0 for a failed render), in
+    ``scene`` mode also ``scene_match`` and ``object_f1`` ``[B]``,
     ``failure`` (reason codes or None) and ``failure_count``.
     """
 
@@ -78,6 +91,7 @@ class SVGVerifierReward(Reward):
         images: Sequence[str],
         prompts: Sequence[str],
         specs: Sequence[Any] | None = None,
+        targets: torch.Tensor | None = None,
         **metadata: Any,
     ) -> RewardOutput:
         svgs = list(images)
@@ -88,6 +102,11 @@ class SVGVerifierReward(Reward):
             )
         if len(specs) != len(svgs):
             raise ValueError(f"toy_svg_verifier: got {len(svgs)} SVGs but {len(specs)} specs")
+        if self.mode == "scene" and (targets is None or len(targets) != len(svgs)):
+            raise ValueError(
+                "toy_svg_verifier mode 'scene' needs metadata `targets` (one target image per SVG; "
+                "the svg strategy passes each image-to-SVG input's image)"
+            )
         results = render_batch(
             svgs, self.canvas, self.canvas, self.backend, self.limits, self.workers, pool=self.pool
         )
@@ -100,18 +119,20 @@ class SVGVerifierReward(Reward):
             out = self.verifier(renders, [prompts[i] for i in index], specs=[specs[i] for i in index])
             correct[index] = out.details["correct"].float()
             partial[index] = out.details["partial"].float()
-        value = {"correct": correct, "partial": partial, "mixed": correct + 0.5 * partial}[self.mode]
+        details: dict[str, Any] = {"correct": correct, "partial": partial}
+        if self.mode == "scene":
+            match, f1 = torch.zeros(len(svgs)), torch.zeros(len(svgs))
+            for i in index:
+                comparison = compare_scenes(results[i].image, targets[i].detach().float().cpu())
+                match[i], f1[i] = float(comparison.match), comparison.f1
+            value = correct * match + 0.25 * (partial + f1)
+            details |= {"scene_match": match, "object_f1": f1}
+        else:
+            value = {"correct": correct, "partial": partial, "mixed": correct + 0.5 * partial}[self.mode]
         scores = torch.where(ok, value, torch.full_like(value, self.min_reward))
         failure = [r.error for r in results]
-        return RewardOutput(
-            scores,
-            {
-                "correct": correct,
-                "partial": partial,
-                "failure": failure,
-                "failure_count": sum(f is not None for f in failure),
-            },
-        )
+        details |= {"failure": failure, "failure_count": sum(f is not None for f in failure)}
+        return RewardOutput(scores, details)
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, canvas={self.canvas}, min_reward={self.min_reward}"

@@ -15,6 +15,7 @@ from genalign.toy.svg_eval import (
     hacking_check,
     load_svg_writer,
     parse_models,
+    scene_match,
     score_svgs,
     ssim,
     summarize,
@@ -69,6 +70,40 @@ def test_reference_svgs_score_perfectly_and_missing_ones_at_the_floor(eval_set, 
     )
 
 
+def _with_extra_circle(svg: str) -> str:
+    return svg.replace("</svg>", '<circle cx="4" cy="4" r="3" fill="#000000"/></svg>')
+
+
+def test_scene_match_sees_an_added_object_that_shapes_eval_lets_pass(eval_set, reward):
+    perfect = score_svgs(eval_set.reference_svgs, eval_set, reward)
+    assert perfect["scene_match"] == [1.0] * len(eval_set)
+    assert perfect["extra_objects"] == [0.0] * len(eval_set)
+    padded = [_with_extra_circle(svg) for svg in eval_set.reference_svgs]
+    added = score_svgs(padded, eval_set, reward)
+    # ShapesEval asks for at least `count` objects (GenEval's rule): an added black circle passes
+    # most specs, but the scene is not the target's any more
+    assert sum(added["shapes_eval"]) >= 0.5 * len(eval_set)
+    assert added["scene_match"] == [0.0] * len(eval_set)
+    assert added["extra_objects"] == [1.0] * len(eval_set)
+    blank = score_svgs([""] * len(eval_set), eval_set, reward)
+    assert blank["scene_match"] == [0.0] * len(eval_set) and blank["extra_objects"] == [0.0] * len(eval_set)
+
+
+def test_scene_match_compares_shape_and_colour_multisets():
+    from genalign.toy.scenes import Scene, SceneObject, render_scenes
+
+    def scene(*objects):
+        return Scene([SceneObject(shape, colour, x, y, 0.35) for shape, colour, x, y in objects])
+
+    target = scene(("square", "red", 0.25, 0.25), ("circle", "green", 0.7, 0.7))
+    swapped = scene(("square", "green", 0.25, 0.25), ("circle", "red", 0.7, 0.7))
+    moved = scene(("square", "red", 0.7, 0.25), ("circle", "green", 0.25, 0.7))  # same objects
+    added = scene(*[(o.shape, o.colour, o.x, o.y) for o in target.objects], ("triangle", "blue", 0.7, 0.2))
+    images = render_scenes([target, swapped, moved, added], size=32)
+    matches, extras = scene_match(images, images[:1].expand(4, -1, -1, -1))
+    assert matches == [1.0, 0.0, 1.0, 0.0] and extras == [0.0, 0.0, 0.0, 1.0]
+
+
 def test_summary_intervals_cover_their_means(eval_set, reward):
     half = eval_set.reference_svgs[:6] + ["<svg><rect"] * 6  # malformed: not rendered
     summary = summarize(score_svgs(half, eval_set, reward))
@@ -105,6 +140,23 @@ def test_the_hacking_check_flags_fidelity_without_the_verifier_and_length_collap
     check = hacking_check(before, honest)
     assert not check["fidelity_up_verifier_flat"] and not check["length_collapse"]
     assert check["changes"]["shapes_eval"]["ci"][0] > 0
+    assert not check["verifier_up_scene_flat"]  # these rows carry no scene match
+
+
+def test_the_hacking_check_flags_the_verifier_rising_without_the_scene():
+    gen = torch.Generator().manual_seed(1)
+    shapes = (torch.rand(40, generator=gen) < 0.3).float().tolist()
+    scenes = (torch.rand(40, generator=gen) < 0.3).float().tolist()
+    before = _samples([0.5] * 40, shapes, [1.0] * 40) | {"scene_match": scenes}
+    padded = _samples([0.4] * 40, [1.0] * 40, [1.3] * 40) | {
+        "scene_match": scenes
+    }  # passes more specs, same scenes
+    check = hacking_check(before, padded)
+    assert check["verifier_up_scene_flat"] and not check["fidelity_up_verifier_flat"]
+    drawn = _samples([0.6] * 40, [1.0] * 40, [1.0] * 40) | {"scene_match": [1.0] * 40}
+    check = hacking_check(before, drawn)
+    assert not check["verifier_up_scene_flat"]
+    assert check["changes"]["scene_match"]["change"] == pytest.approx(1 - sum(scenes) / 40)
 
 
 class _FencedPolicy:

@@ -67,6 +67,37 @@ def test_a_wrong_colour_loses_and_bad_svg_scores_the_floor(pool):
     assert out.details["failure_count"] == 3
 
 
+def test_scene_mode_pays_for_the_targets_objects_not_for_added_ones(pool):
+    from genalign.toy.detection import compare_scenes
+
+    reward = load_reward("toy_svg_verifier", mode="scene")
+    svgs, specs, targets = pool.metadata["reference_svgs"], pool.metadata["specs"], pool.metadata["images"]
+    padded = [svg.replace("</svg>", '<circle cx="4" cy="4" r="3" fill="#1a1a1a"/></svg>') for svg in svgs]
+    mixed = load_reward("toy_svg_verifier", mode="mixed")(padded, list(pool), specs=specs)
+    out = reward([*svgs, *padded], list(pool) * 2, specs=specs * 2, targets=torch.cat([targets, targets]))
+    n = len(svgs)
+    assert out.details["scene_match"][:n].tolist() == [1.0] * n  # a reference holds its scene's objects
+    assert out.details["scene_match"][n:].tolist() == [0.0] * n  # one object too many
+    # the independent computation: ShapesEval's verdicts and compare_scenes on each render
+    correct, partial = out.details["correct"], out.details["partial"]
+    f1 = torch.tensor([compare_scenes(reward_render(svg), t).f1 for svg, t in zip(padded, targets)])
+    assert torch.allclose(out.details["object_f1"][n:], f1)
+    assert torch.allclose(out.scores[n:], 0.25 * (partial[n:] + f1))  # never right: no full credit
+    assert torch.allclose(out.scores[:n], correct[:n] + 0.25 * (partial[:n] + 1.0))
+    # the padding passes at least as many ShapesEval specs (GenEval's "at least count" rule) as the
+    # references, and yet every padded render scores below its reference in scene mode
+    assert mixed.details["correct"].sum() >= 0.5 * n
+    assert (out.scores[n:] < out.scores[:n]).all()
+    with pytest.raises(ValueError, match="targets"):
+        reward(svgs, list(pool), specs=specs)
+
+
+def reward_render(svg):
+    from genalign.rewards.svg import RenderLimits, render_batch
+
+    return render_batch([svg], 32, 32, "cairosvg", RenderLimits())[0].image
+
+
 def test_missing_or_mismatched_specs_say_what_to_do(pool):
     reward = load_reward("toy_svg_verifier")
     with pytest.raises(ValueError, match="specs: true"):
