@@ -20,7 +20,7 @@ def greedy_baseline_advantages(
 def greedy_answers_by_hand(trainer, **rollout) -> tuple[Any, torch.Tensor]:
     """Step 0's two groups of the svg strategy (the pool rows drawn as it draws them, groups of 4)
     answered by ``trainer.policy.rollout(..., **rollout)`` with seed 0, and the oracle's scores of
-    the answers (ShapesEval on the render, mode ``mixed``)."""
+    the answers (ShapesEval on the render, in the recipe's mode)."""
     from genalign.rewards import load_reward
     from genalign.rewards.svg import extract_svg_details
     from genalign.trainers.strategies.base import draw_indexed_groups, step_generator
@@ -39,5 +39,6 @@ def greedy_answers_by_hand(trainer, **rollout) -> tuple[Any, torch.Tensor]:
         **rollout,
     )
     svgs = [extract_svg_details(text, repair=True).svg or "" for text in answers.completions]
-    reward = load_reward("toy_svg_verifier", mode="mixed")
-    return answers, reward(svgs, prompts, specs=[pool["specs"][i] for i in rows.tolist()]).scores
+    reward = load_reward("toy_svg_verifier", mode=trainer.config.reward.kwargs["mode"])
+    specs = [pool["specs"][i] for i in rows.tolist()]
+    return answers, reward(svgs, prompts, specs=specs, targets=pool["images"][rows]).scores
