@@ -21,10 +21,12 @@ from a writer SFT'd on 256 labelled scenes, RL on ``mixed`` raised ShapesEval on
 scenes by 8 points while the renders gained 0.5 objects a scene and the share that reproduce the
 target's objects fell from 11% to 2% (docs/language.md section 5.5). ``scene`` compares the
 render with the target image too (``metadata["targets"]``, which the ``svg`` strategy hands over;
-:func:`genalign.toy.detection.compare_scenes`): a render is right when ShapesEval accepts it
-*and* it holds the target's objects, no more, no fewer (1.0), and partial credit is half the mean
-of the fraction of checks passed and the objects' F1, so a right render (1.5) outscores every
-wrong one (at most 0.5).
+:func:`genalign.toy.detection.compare_scenes`): ``correct * match + 0.5 * partial - 0.5 *
+extra``, where ``match`` is 1 when the render holds exactly the target's objects and ``extra``
+counts the objects it holds beyond them. A right render scores 1.5; a wrong one at most 0.5, and
+an added object costs what a fully passed spec pays, so writing two candidate shapes where one is
+wanted never beats a single wrong guess. (A first version paid ``0.25 (partial + object F1)`` and
+was hedged that way: RL on it added 0.27 objects a scene.)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class SVGVerifierReward(Reward):
         backend, limits, workers, pool: the renderer's, as ``svg_fidelity``'s.
 
     Scores ``[B]``; ``details``: ``correct`` and ``partial`` ``[B]`` (0 for a failed render), in
-    ``scene`` mode also ``scene_match`` and ``object_f1`` ``[B]``,
+    ``scene`` mode also ``scene_match`` and ``extra_objects`` ``[B]``,
     ``failure`` (reason codes or None) and ``failure_count``.
     """
 
@@ -121,12 +123,12 @@ class SVGVerifierReward(Reward):
             partial[index] = out.details["partial"].float()
         details: dict[str, Any] = {"correct": correct, "partial": partial}
         if self.mode == "scene":
-            match, f1 = torch.zeros(len(svgs)), torch.zeros(len(svgs))
+            match, extra = torch.zeros(len(svgs)), torch.zeros(len(svgs))
             for i in index:
                 comparison = compare_scenes(results[i].image, targets[i].detach().float().cpu())
-                match[i], f1[i] = float(comparison.match), comparison.f1
-            value = correct * match + 0.25 * (partial + f1)
-            details |= {"scene_match": match, "object_f1": f1}
+                match[i], extra[i] = float(comparison.match), float(comparison.extra)
+            value = correct * match + 0.5 * partial - 0.5 * extra
+            details |= {"scene_match": match, "extra_objects": extra}
         else:
             value = {"correct": correct, "partial": partial, "mixed": correct + 0.5 * partial}[self.mode]
         scores = torch.where(ok, value, torch.full_like(value, self.min_reward))
