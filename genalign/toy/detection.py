@@ -384,12 +384,10 @@ class SceneComparison:
     Attributes:
         match: both hold the same multiset of (shape, colour); positions are not compared
             (ShapesEval's relation checks do that).
-        f1: ``2 |common| / (|image| + |target|)`` over the two multisets (1.0 when both are empty).
         extra: how many more objects the image holds than the target (at least 0).
     """
 
     match: bool
-    f1: float
     extra: int
 
 
@@ -402,8 +400,4 @@ def compare_scenes(
     by :func:`detect_objects`; an object whose shape or colour is unread counts as ``"?"``."""
     found = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(image, config))
     wanted = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(target, config))
-    common = sum(min(found.count(item), wanted.count(item)) for item in set(found))
-    total = len(found) + len(wanted)
-    return SceneComparison(
-        found == wanted, 2 * common / total if total else 1.0, max(0, len(found) - len(wanted))
-    )
+    return SceneComparison(found == wanted, max(0, len(found) - len(wanted)))
