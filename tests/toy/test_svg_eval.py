@@ -148,9 +148,8 @@ def test_the_hacking_check_flags_the_verifier_rising_without_the_scene():
     shapes = (torch.rand(40, generator=gen) < 0.3).float().tolist()
     scenes = (torch.rand(40, generator=gen) < 0.3).float().tolist()
     before = _samples([0.5] * 40, shapes, [1.0] * 40) | {"scene_match": scenes}
-    padded = _samples([0.4] * 40, [1.0] * 40, [1.3] * 40) | {
-        "scene_match": scenes
-    }  # passes more specs, same scenes
+    # passes more specs, draws the same scenes
+    padded = _samples([0.4] * 40, [1.0] * 40, [1.3] * 40) | {"scene_match": scenes}
     check = hacking_check(before, padded)
     assert check["verifier_up_scene_flat"] and not check["fidelity_up_verifier_flat"]
     drawn = _samples([0.6] * 40, [1.0] * 40, [1.0] * 40) | {"scene_match": [1.0] * 40}
