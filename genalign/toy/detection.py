@@ -391,13 +391,23 @@ class SceneComparison:
     extra: int
 
 
+def scene_objects(
+    image: torch.Tensor | np.ndarray, config: ShapesEvalConfig | None = None
+) -> list[tuple[str, str]]:
+    """The (shape, colour) pairs :func:`detect_objects` reads from ``image``, sorted; an unread
+    shape or colour is ``"?"``."""
+    return sorted((o.shape or "?", o.colour or "?") for o in detect_objects(image, config))
+
+
+def compare_objects(found: list[tuple[str, str]], wanted: list[tuple[str, str]]) -> SceneComparison:
+    """Two :func:`scene_objects` results, an image's and its target's."""
+    return SceneComparison(found == wanted, max(0, len(found) - len(wanted)))
+
+
 def compare_scenes(
     image: torch.Tensor | np.ndarray,
     target: torch.Tensor | np.ndarray,
     config: ShapesEvalConfig | None = None,
 ) -> SceneComparison:
-    """Objects of ``image`` against those of ``target`` (both ``[3, H, W]`` in [0, 1]), each read
-    by :func:`detect_objects`; an object whose shape or colour is unread counts as ``"?"``."""
-    found = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(image, config))
-    wanted = sorted((o.shape or "?", o.colour or "?") for o in detect_objects(target, config))
-    return SceneComparison(found == wanted, max(0, len(found) - len(wanted)))
+    """Objects of ``image`` against those of ``target`` (both ``[3, H, W]`` in [0, 1])."""
+    return compare_objects(scene_objects(image, config), scene_objects(target, config))

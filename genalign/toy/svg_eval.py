@@ -37,6 +37,7 @@ passes more specs without drawing more scenes, e.g. by adding objects).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -48,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.svg import extract_svg_details, render_batch
-from genalign.toy.detection import compare_scenes
+from genalign.toy.detection import compare_objects, scene_objects
 from genalign.toy.evaluation import paired_change_interval
 from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import DEFAULT_INSTRUCTION, toy_svg_examples
@@ -92,6 +93,11 @@ class SVGEvalSet:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    @functools.cached_property
+    def target_objects(self) -> list[list[tuple[str, str]]]:
+        """Each target's (shape, colour) objects, read once for every model scored on this set."""
+        return [scene_objects(image) for image in self.images]
 
 
 def svg_eval_set(
@@ -137,9 +143,13 @@ def ssim(x: torch.Tensor, y: torch.Tensor, window: int = 11, sigma: float = 1.5)
 
 def scene_match(images: torch.Tensor, targets: torch.Tensor) -> tuple[list[float], list[float]]:
     """Per pair of ``[N, 3, H, W]`` images: 1.0 when both hold the same multiset of (shape, colour)
-    (:func:`~genalign.toy.detection.compare_scenes`), else 0.0; and how many more objects the
+    (:func:`~genalign.toy.detection.compare_objects`), else 0.0; and how many more objects the
     image holds than its target."""
-    comparisons = [compare_scenes(image, target) for image, target in zip(images, targets, strict=True)]
+    return _scene_measures([scene_objects(i) for i in images], [scene_objects(t) for t in targets])
+
+
+def _scene_measures(found: Sequence[list], wanted: Sequence[list]) -> tuple[list[float], list[float]]:
+    comparisons = [compare_objects(f, w) for f, w in zip(found, wanted, strict=True)]
     return [float(c.match) for c in comparisons], [float(c.extra) for c in comparisons]
 
 
@@ -154,7 +164,7 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
     white = torch.ones_like(eval_set.images[0])
     images = torch.stack([r.image if r.ok else white for r in renders])
     verdict = evaluate(images, eval_set.specs)["per_sample"]
-    matches, extras = scene_match(images, eval_set.images)
+    matches, extras = _scene_measures([scene_objects(i) for i in images], eval_set.target_objects)
     result = {
         "valid": valid.float().tolist(),
         "score": out.scores.tolist(),

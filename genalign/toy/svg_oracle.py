@@ -21,7 +21,7 @@ from a writer SFT'd on 256 labelled scenes, RL on ``mixed`` raised ShapesEval on
 scenes by 8 points while the renders gained 0.5 objects a scene and the share that reproduce the
 target's objects fell from 11% to 2% (docs/language.md section 5.5). ``scene`` compares the
 render with the target image too (``metadata["targets"]``, which the ``svg`` strategy hands over;
-:func:`genalign.toy.detection.compare_scenes`): ``correct * match + 0.5 * partial - 0.5 *
+:func:`genalign.toy.detection.compare_objects`): ``correct * match + 0.5 * partial - 0.5 *
 extra``, where ``match`` is 1 when the render holds exactly the target's objects and ``extra``
 counts the objects it holds beyond them. A right render scores 1.5; a wrong one at most 0.5, and
 an added object costs what a fully passed spec pays, so writing two candidate shapes where one is
@@ -38,7 +38,7 @@ import torch
 
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.rewards.svg import RenderLimits, render_batch
-from genalign.toy.detection import compare_scenes
+from genalign.toy.detection import compare_objects, scene_objects
 from genalign.toy.shapes_eval import ShapesEvalReward
 
 __all__ = ["SVGVerifierReward"]
@@ -124,8 +124,13 @@ class SVGVerifierReward(Reward):
         details: dict[str, Any] = {"correct": correct, "partial": partial}
         if self.mode == "scene":
             match, extra = torch.zeros(len(svgs)), torch.zeros(len(svgs))
+            pixels = targets.detach().float().cpu()
+            wanted: dict[bytes, list] = {}  # a group's samples share one target: read it once
             for i in index:
-                comparison = compare_scenes(results[i].image, targets[i].detach().float().cpu())
+                key = pixels[i].numpy().tobytes()
+                if key not in wanted:
+                    wanted[key] = scene_objects(pixels[i])
+                comparison = compare_objects(scene_objects(results[i].image), wanted[key])
                 match[i], extra[i] = float(comparison.match), float(comparison.extra)
             value = correct * match + 0.5 * partial - 0.5 * extra
             details |= {"scene_match": match, "extra_objects": extra}
