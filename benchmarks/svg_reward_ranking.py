@@ -8,11 +8,18 @@ renders it for ShapesEval (the verifier; never a reward), then reports, per term
 * the within-group AUC against the verifier: P(a correct sample's term > a wrong one's) over the
   groups holding both (0.5: the term carries no signal about correctness; GRPO then pushes the
   policy in directions the verifier does not care about);
+* best of group: over the mixed groups, the share whose top-scored sample is correct (what
+  best-of-G selection with the term would get);
 * the mean within-group std (the signal's scale, the unit group advantages divide by) and the
   fraction of groups with both a correct and a wrong sample (where the verifier has anything to
   say).
 
     python benchmarks/svg_reward_ranking.py --model assets/models/toy-svg-writer --scenes 96 --group 8
+
+``--semantic NAME=FOLDER`` (repeatable) also scores with another image tower for the semantic term
+(an open_clip folder, e.g. ``assets/models/toy-dreamsim``): columns ``semantic:NAME`` and
+``score:NAME`` (the recipe's weights with that tower). ``--truth scene`` ranks against scene match
+(the render holds exactly the target's objects) instead of ShapesEval's verdict.
 """
 
 from __future__ import annotations
@@ -32,13 +39,36 @@ ROOT = Path(__file__).resolve().parents[1]
 TERMS = ("score", "image", "edge", "semantic", "length")
 
 
+def fidelity_reward(folder: str | None = None):
+    """The RL recipe's ``svg_fidelity``, with the semantic term's tower read from ``folder``."""
+    from genalign.rewards import load_reward
+    from genalign.toy.svg_eval import default_reward
+
+    if folder is None:
+        return default_reward()
+    return load_reward(
+        "svg_fidelity",
+        weights={"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0},
+        embedder="clip",
+        embedder_kwargs={"model": f"local-dir:{folder}", "pretrained": None},
+        min_reward=-1.0,
+    )
+
+
 def ranking_rows(
-    model: str, scenes: int, group: int, temperature: float, seed: int, split: str
+    model: str,
+    scenes: int,
+    group: int,
+    temperature: float,
+    seed: int,
+    split: str,
+    semantic: dict[str, str] | None = None,
+    truth: str = "correct",
 ) -> list[dict]:
-    """One row per completion: scene id, category, verifier verdict and every reward term."""
+    """One row per completion: scene id, category, verifier verdict, scene match and every reward
+    term (``semantic``: more image towers, ``{name: folder}``); ``correct`` is ``truth``'s verdict."""
     from genalign.toy.svg_eval import (
         SVGEvalSet,
-        default_reward,
         load_svg_writer,
         score_svgs,
         svg_eval_set,
@@ -55,12 +85,18 @@ def ranking_rows(
         base.task,
     )
     svgs = write_svgs(load_svg_writer(model), repeated, temperature=temperature, seed=seed)
-    measures = score_svgs(svgs, repeated, default_reward())
+    measures = score_svgs(svgs, repeated, fidelity_reward())
+    extra = {
+        name: score_svgs(svgs, repeated, fidelity_reward(folder)) for name, folder in (semantic or {}).items()
+    }
+    verdict = {"correct": "shapes_eval", "scene": "scene_match"}[truth]
     rows = []
     for k, scene in enumerate(index):
         row = {"prompt": f"scene-{scene}", "category": measures["category"][k]}
-        row["correct"] = bool(measures["shapes_eval"][k])
+        row["correct"] = bool(measures[verdict][k])
         row |= {term: measures[term][k] for term in TERMS if term in measures}
+        for name, other in extra.items():
+            row |= {f"semantic:{name}": other["semantic"][k], f"score:{name}": other["score"][k]}
         rows.append(row)
     return rows
 
@@ -79,14 +115,20 @@ def summarise(rows: list[dict]) -> dict[str, dict]:
             "verifier": statistics.fmean(r["correct"] for r in rows),
         }
     }
-    for term in TERMS:
+    for term in [*TERMS, *(k for k in rows[0] if ":" in k)]:
         if term not in rows[0]:
             continue
         table = within_prompt_auc(rows, term)
         weights = [(a, n) for a, n in table.values()]
         total = sum(n for _, n in weights)
+        tops = [
+            max(g, key=lambda r: r[term])["correct"]
+            for g in groups.values()
+            if len({r["correct"] for r in g}) == 2
+        ]
         out[term] = {
             "auc": sum(a * n for a, n in weights) / total if total else None,
+            "best_of_group": statistics.fmean(tops) if tops else None,
             "auc_per_category": {c: round(a, 3) for c, (a, _) in table.items()},
             "within_group_std": statistics.fmean(
                 statistics.pstdev(r[term] for r in g) for g in groups.values()
@@ -105,11 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", help="also write the per-sample rows here (JSON)")
+    parser.add_argument(
+        "--semantic",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="also score with this open_clip folder as the semantic term's tower (repeatable)",
+    )
+    parser.add_argument(
+        "--truth",
+        choices=("correct", "scene"),
+        default="correct",
+        help="rank against ShapesEval's verdict or scene match",
+    )
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.semantic):
+        parser.error("--semantic takes NAME=FOLDER")
     if args.scenes <= 0 or args.group < 2:
         parser.error("--scenes must be positive and --group at least 2")
     torch.set_num_threads(args.threads)
-    rows = ranking_rows(args.model, args.scenes, args.group, args.temperature, args.seed, args.split)
+    semantic = dict(item.split("=", 1) for item in args.semantic)
+    rows = ranking_rows(
+        args.model, args.scenes, args.group, args.temperature, args.seed, args.split, semantic, args.truth
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")
     print(json.dumps(summarise(rows), indent=1))

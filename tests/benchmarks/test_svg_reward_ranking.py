@@ -31,6 +31,8 @@ def test_summary_counts_mixed_groups_and_ranks_each_term_within_them(bench):
     assert summary["groups"] == {"all": 2, "mixed": 1, "verifier": pytest.approx(0.2)}
     assert summary["score"]["auc"] == pytest.approx(1.0)  # the correct sample beats both wrong ones
     assert summary["length"]["auc"] == pytest.approx(0.0)  # and loses to both on length
+    # best of group, over the one mixed group: the top score is the correct sample, the top length is not
+    assert summary["score"]["best_of_group"] == 1.0 and summary["length"]["best_of_group"] == 0.0
     # mean over groups of the population std: a: pstdev(0.9, 0.2, 0.4), b: pstdev(0.3, 0.1) = 0.1
     import statistics
 
@@ -53,3 +55,19 @@ def test_runs_on_the_shipped_svg_writer(tmp_path, capsys, bench):
     assert printed["groups"]["all"] == 6 and 0.0 <= printed["groups"]["verifier"] <= 1.0
     with pytest.raises(SystemExit):
         bench.main(["--group", "1"])
+
+
+def test_another_semantic_tower_and_scene_match_as_the_truth(tmp_path, capsys, bench):
+    pytest.importorskip("open_clip")
+    clip = ROOT / "assets" / "models" / "toy-clip"
+    out = tmp_path / "rows.json"
+    argv = ["--scenes", "3", "--group", "2", "--truth", "scene", "--out", str(out)]
+    assert bench.main([*argv, "--semantic", f"again={clip}"]) == 0
+    rows = json.loads(out.read_text())
+    # the same tower under another name scores every completion the same
+    assert all(r["semantic:again"] == pytest.approx(r["semantic"], abs=1e-5) for r in rows)
+    assert all(r["score:again"] == pytest.approx(r["score"], abs=1e-5) for r in rows)
+    printed = json.loads(capsys.readouterr().out)
+    assert {"semantic:again", "score:again"} <= set(printed)
+    with pytest.raises(SystemExit):
+        bench.main(["--semantic", "no-equals-sign"])
