@@ -204,6 +204,30 @@ def test_semantic_term_is_pluggable(pool, target):
         assert torch.equal(out.scores, out.details["semantic"])
 
 
+def test_match_term_is_the_embedders_same_image_decision(pool, target):
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(images, 2).flatten(1) - 0.5
+
+    documents = [TARGET_SVG, scene(8), "<svg"]
+    weights = {"image": 0, "edge": 0, "semantic": 1, "match": 3}
+    for threshold in (1e-6, 1.5):
+        reward = SVGFidelityReward(pool=pool, embedder=embed, weights=weights, match_threshold=threshold)
+        out = reward(documents, targets=targets_for(target, 3))
+        distance = 1 - out.details["cosine"][:2]
+        expected = (distance < threshold).float()
+        assert out.details["match"][:2].tolist() == expected.tolist()
+        assert out.details["match"][2] == -1.0  # a failed SVG gets the floor in every term
+        by_hand = (out.details["semantic"][:2] + 3 * expected) / 4
+        assert out.scores[:2].tolist() == pytest.approx(by_hand.tolist(), abs=1e-6)
+        assert out.details["weights"] == {"semantic": 1.0, "match": 3.0}
+    assert 1 - out.details["cosine"][1] > 1e-6  # the shifted scene is not the target by the first threshold
+    assert SVGFidelityReward(pool=pool, embedder=embed).weights["match"] == 0.0  # off by default
+    with pytest.raises(ValueError, match="needs an embedder"):
+        SVGFidelityReward(pool=pool, weights={"match": 1.0})
+    with pytest.raises(ValueError, match="match_threshold"):
+        SVGFidelityReward(pool=pool, embedder=embed, match_threshold=0)
+
+
 def test_clip_embedder_by_name(pool, target, tmp_path):
     pytest.importorskip("open_clip")
     from genalign.tiny.clip import OPEN_CLIP_WEIGHTS_NAME, TINY_OPEN_CLIP_NAME, open_clip_model

@@ -15,6 +15,10 @@ image ``I``; with ``Î`` the render, the reward is a weighted combination of:
 - **semantic**: ``1 - 2 d`` with ``d = 1 - cos(e(I), e(Î))`` the embedding distance, i.e. RLRF's
   DreamSim reward form; the embedder is any callable ``images [B,3,H,W] -> [B,D]`` (e.g. a CLIP
   image tower via ``embedder="clip"``). Off unless an embedder is given.
+- **match** (not in the paper; off unless weighted): 1 when the embedding distance ``d`` is below
+  ``match_threshold``, else 0, i.e. the embedder's same-image decision. The semantic term pays a
+  near miss almost as much as an exact render; this term gives the exact render a step, as the
+  toy world's oracle does (docs/language.md section 5.6). Needs the embedder.
 - **length** (code efficiency): ``R_len = 1 - ((1/L_ref) max(0, L - L_ref/2))²`` with L the
   length of the SVG and L_ref that of the ground-truth SVG: free up to half the reference, then
   a quadratic penalty (0.75 at L = L_ref, 0 at 1.5 L_ref). RLRF leaves it unbounded below; here it
@@ -50,8 +54,8 @@ from genalign.rewards.svg.sanitize import RenderLimits
 
 logger = logging.getLogger(__name__)
 
-TERMS = ("image", "edge", "semantic", "length")
-DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0}
+TERMS = ("image", "edge", "semantic", "length", "match")
+DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0, "match": 0.0}
 
 
 # -- the terms (pure functions on tensors) ---------------------------------------------------------
@@ -226,8 +230,8 @@ class SVGFidelityReward(Reward):
     - ``reference_lengths``: B reference lengths (override the ones measured on reference_svgs).
 
     Args:
-        weights: per-term weights, keys from ``("image", "edge", "semantic", "length")``;
-            missing keys keep their default (1.0); a 0 weight switches a term off.
+        weights: per-term weights, keys from ``("image", "edge", "semantic", "length", "match")``;
+            missing keys keep their default (1.0; ``match`` 0.0); a 0 weight switches a term off.
         embedder: None (semantic term off), ``"clip"`` (``load_reward("clip", **embedder_kwargs)``
             and its image tower), an object with ``encode_images(images) -> [B, D]``, or any
             callable ``images [B, 3, H, W] in [0, 1] -> [B, D]``.
@@ -244,6 +248,8 @@ class SVGFidelityReward(Reward):
             so shortening an SVG below the reference is never rewarded (not in the paper).
         min_reward: the value of every term, and of the score, for an SVG that fails.
         edge_thresholds: Canny ``(low, high)`` hysteresis thresholds on gradient magnitude.
+        match_threshold: the ``match`` term's embedding distance ``1 - cos`` below which a render
+            counts as the target (in (0, 2)).
 
     Scores: ``[B]`` in ``[min_reward, 1]``; not differentiable (rendering is not).
     Details: ``"image"``, ``"edge"``, ``"semantic"``, ``"length"`` (the active terms' rewards,
@@ -270,6 +276,7 @@ class SVGFidelityReward(Reward):
         length_margin: float | None = None,
         min_reward: float = -1.0,
         edge_thresholds: tuple[float, float] = (0.04, 0.1),
+        match_threshold: float = 0.05,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
@@ -289,6 +296,13 @@ class SVGFidelityReward(Reward):
             raise ValueError(
                 "svg_fidelity needs a positive weight on 'image', 'edge' or 'semantic' (with an embedder)"
             )
+        if self.weights["match"] > 0 and self.embedder is None:
+            raise ValueError(
+                "svg_fidelity: the 'match' term needs an embedder (embedder: clip or a callable)"
+            )
+        if not 0 < match_threshold < 2:
+            raise ValueError(f"svg_fidelity match_threshold must be in (0, 2), got {match_threshold}")
+        self.match_threshold = float(match_threshold)
         if length_margin is not None and not (math.isfinite(length_margin) and length_margin >= 0):
             raise ValueError(f"svg_fidelity length_margin must be None or >= 0, got {length_margin}")
         if not -1.0 <= min_reward <= 0.0:
@@ -368,6 +382,7 @@ class SVGFidelityReward(Reward):
         active = {k: w for k, w in self.weights.items() if w > 0}
         if self.embedder is None:
             active.pop("semantic", None)
+            active.pop("match", None)
         if reference is None:
             active.pop("length", None)
         floor = self.min_reward
@@ -395,6 +410,8 @@ class SVGFidelityReward(Reward):
                 raw["cosine"][ok_index] = cosine.to(device)
                 if "semantic" in active:
                     terms["semantic"][ok_index] = reward.to(device)
+                if "match" in active:
+                    terms["match"][ok_index] = (1.0 - cosine < self.match_threshold).float().to(device)
         lengths = torch.tensor(
             [self.length_fn(s) if isinstance(s, str) else 0 for s in svgs], dtype=torch.float64
         )
@@ -427,4 +444,7 @@ class SVGFidelityReward(Reward):
 
     def extra_repr(self) -> str:
         margin = "" if self.length_margin is None else f", length_margin={self.length_margin}"
-        return f"weights={self.weights}, backend={self.backend!r}, min_reward={self.min_reward}{margin}"
+        match = f", match_threshold={self.match_threshold}" if self.weights["match"] > 0 else ""
+        return (
+            f"weights={self.weights}, backend={self.backend!r}, min_reward={self.min_reward}{margin}{match}"
+        )
