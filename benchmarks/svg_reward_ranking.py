@@ -39,22 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TERMS = ("score", "image", "edge", "semantic", "length")
 
 
-def fidelity_reward(folder: str | None = None):
-    """The RL recipe's ``svg_fidelity``, with the semantic term's tower read from ``folder``."""
-    from genalign.rewards import load_reward
-    from genalign.toy.svg_eval import default_reward
-
-    if folder is None:
-        return default_reward()
-    return load_reward(
-        "svg_fidelity",
-        weights={"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0},
-        embedder="clip",
-        embedder_kwargs={"model": f"local-dir:{folder}", "pretrained": None},
-        min_reward=-1.0,
-    )
-
-
 def ranking_rows(
     model: str,
     scenes: int,
@@ -69,6 +53,7 @@ def ranking_rows(
     term (``semantic``: more image towers, ``{name: folder}``); ``correct`` is ``truth``'s verdict."""
     from genalign.toy.svg_eval import (
         SVGEvalSet,
+        default_reward,
         load_svg_writer,
         score_svgs,
         svg_eval_set,
@@ -85,9 +70,9 @@ def ranking_rows(
         base.task,
     )
     svgs = write_svgs(load_svg_writer(model), repeated, temperature=temperature, seed=seed)
-    measures = score_svgs(svgs, repeated, fidelity_reward())
+    measures = score_svgs(svgs, repeated, default_reward())
     extra = {
-        name: score_svgs(svgs, repeated, fidelity_reward(folder)) for name, folder in (semantic or {}).items()
+        name: score_svgs(svgs, repeated, default_reward(folder)) for name, folder in (semantic or {}).items()
     }
     verdict = {"correct": "shapes_eval", "scene": "scene_match"}[truth]
     rows = []

@@ -319,16 +319,16 @@ def write_svgs(
     return svgs
 
 
-def default_reward() -> Any:
+def default_reward(tower: str | Path | None = None) -> Any:
     """The RL recipe's reward (``configs/toy/rlrf_im2svg.yaml``): every term weight 1, toy-clip's
-    image tower for the semantic term, floor -1."""
+    image tower (or the open_clip folder ``tower``) for the semantic term, floor -1."""
     from genalign.rewards import load_reward
 
     return load_reward(
         "svg_fidelity",
         weights={"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0},
         embedder="clip",
-        embedder_kwargs={"model": f"local-dir:{CLIP_DIR}", "pretrained": None},
+        embedder_kwargs={"model": f"local-dir:{tower or CLIP_DIR}", "pretrained": None},
         min_reward=-1.0,
     )
 
