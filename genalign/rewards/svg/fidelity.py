@@ -252,8 +252,8 @@ class SVGFidelityReward(Reward):
             counts as the target (in (0, 2)).
 
     Scores: ``[B]`` in ``[min_reward, 1]``; not differentiable (rendering is not).
-    Details: ``"image"``, ``"edge"``, ``"semantic"``, ``"length"`` (the active terms' rewards,
-    ``[B]``), raw ``"image_mse"``, ``"edge_mse"``, ``"cosine"``, ``"length_ratio"`` (``[B]``, NaN
+    Details: ``"image"``, ``"edge"``, ``"semantic"``, ``"length"``, ``"match"`` (the active
+    terms' rewards, ``[B]``), raw ``"image_mse"``, ``"edge_mse"``, ``"cosine"``, ``"length_ratio"`` (``[B]``, NaN
     where the SVG failed), ``"failure"`` (B reason codes or None), ``"failure_count"``,
     ``"render_backend"`` (B renderer names), ``"weights"`` (active terms and their weights).
     """
