@@ -72,7 +72,9 @@ def test_a_fused_step_updates_as_the_unfused_one(tmp_path, recipe, loss):
     moved = [not torch.equal(a, b) for a, b in zip(initial, plain.parameters)]
     assert any(moved)
     for a, b in zip(plain.parameters, fused.parameters, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        # Adam at lr 1e-3 moves a weight by ~1e-3 a step; batched kernels' float order (AVX-512 /
+        # AMX CPUs) leaves ~3e-6 on a few near-zero weights, well inside 1% of one step
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("recipe", ["rwr_jpeg.yaml", "astrolabe_jpeg.yaml"])
