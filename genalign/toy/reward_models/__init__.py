@@ -54,6 +54,12 @@ and write the model card (``README.md``, ``card.json``).
 Modules: ``data`` (scene banks, hard negatives, degradations), ``clip`` (toy-clip), ``vlm_model`` and
 ``vlm_train`` (toy-vlm), ``evaluate`` (the held-out evaluation), ``card`` and ``cli``; the
 open_clip -> transformers weight conversions are :mod:`genalign.toy.conversion`.
+
+``similarity`` -- toy-dreamsim, a perceptual metric for ``svg_fidelity``'s semantic term: toy-clip's
+image tower fine-tuned with DreamSim's 2AFC hinge loss on scene edits (its own recipe,
+``python -m genalign.toy.reward_models.similarity --out DIR``; not shipped). Its scenes come from
+the train prompts, but an edit (a colour or shape changed, an object added) can draw a
+combination of the held-out set, so it is not a clean reward for ``unseen_combinations`` studies.
 """
 
 from __future__ import annotations

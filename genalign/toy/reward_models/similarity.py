@@ -23,6 +23,9 @@ is closer". Renders are the writer's: the canonical compact SVG on a 32 px canva
 reward's renderer (:func:`genalign.rewards.svg.render_local`), exactly as ``svg_fidelity`` sees
 RL's targets and samples.
 
+The edits can draw combinations of the held-out prompt set (say, a colour on a shape that only
+held-out prompts pair), so unlike toy-clip and toy-vlm this metric has seen such images.
+
 Intentional differences from DreamSim: one tower (toy-clip's image tower, fine-tuned in full: it
 is tiny) instead of an ensemble tuned with LoRA; synthetic judgments from scene edits instead of
 NIGHTS' human votes. The text tower is saved unchanged and no longer matches the image tower:
