@@ -71,9 +71,12 @@ def ranking_rows(
     )
     svgs = write_svgs(load_svg_writer(model), repeated, temperature=temperature, seed=seed)
     measures = score_svgs(svgs, repeated, default_reward())
-    extra = {
-        name: score_svgs(svgs, repeated, default_reward(folder)) for name, folder in (semantic or {}).items()
-    }
+    extra = {}  # other towers change only the semantic term and the score: no second verdict
+    for name, folder in (semantic or {}).items():
+        out = default_reward(folder)(
+            svgs, repeated.prompts, targets=repeated.images, reference_svgs=repeated.reference_svgs
+        )
+        extra[name] = {"semantic": out.details["semantic"].tolist(), "score": out.scores.tolist()}
     verdict = {"correct": "shapes_eval", "scene": "scene_match"}[truth]
     rows = []
     for k, scene in enumerate(index):

@@ -258,6 +258,27 @@ def _boxes_apart(a: Box, b: Box, gap: float) -> bool:
     return a[2] + gap <= b[0] or b[2] + gap <= a[0] or a[3] + gap <= b[1] or b[3] + gap <= a[1]
 
 
+def place_object(
+    rng: np.random.Generator,
+    shape: str,
+    colour: str,
+    max_size: float,
+    others: Sequence[SceneObject],
+    attempts: int = 50,
+) -> SceneObject | None:
+    """One ``(shape, colour)`` object at a random size in ``[MIN_SIZE, max_size]`` and a random
+    place inside the canvas margin, no closer than :data:`GAP` to any of ``others``; None when no
+    draw of ``attempts`` fits."""
+    for _ in range(attempts):
+        size = float(rng.uniform(MIN_SIZE, max_size))
+        low, high = MARGIN + size / 2, 1 - MARGIN - size / 2
+        x, y = (float(v) for v in rng.uniform(low, high, size=2))
+        candidate = SceneObject(shape, colour, round(x, 4), round(y, 4), round(size, 4))
+        if all(_boxes_apart(candidate.box, other.box, GAP) for other in others):
+            return candidate
+    return None
+
+
 def layout_objects(
     rng: int | np.random.Generator | None,
     items: Sequence[tuple[str, str]],
@@ -279,16 +300,10 @@ def layout_objects(
     for _ in range(max_attempts):
         objects: list[SceneObject] = []
         for shape, colour in items:
-            for _ in range(50):
-                size = float(rng.uniform(MIN_SIZE, max_size))
-                low, high = MARGIN + size / 2, 1 - MARGIN - size / 2
-                x, y = (float(v) for v in rng.uniform(low, high, size=2))
-                candidate = SceneObject(shape, colour, round(x, 4), round(y, 4), round(size, 4))
-                if all(_boxes_apart(candidate.box, other.box, GAP) for other in objects):
-                    objects.append(candidate)
-                    break
-            else:
+            placed = place_object(rng, shape, colour, max_size, objects)
+            if placed is None:
                 break  # this object did not fit: start the layout again
+            objects.append(placed)
         if len(objects) < count:
             continue
         if relation is not None:

@@ -50,7 +50,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genalign.toy.scenes import COLOURS, GAP, MARGIN, MAX_SIZE, MIN_SIZE, SHAPES, Scene, SceneObject
+from genalign.toy.scenes import (
+    COLOURS,
+    MARGIN,
+    MAX_SIZE,
+    MIN_SIZE,
+    SHAPES,
+    Scene,
+    SceneObject,
+    _boxes_apart,
+    place_object,
+)
 from genalign.toy.training import folder_megabytes, parameter_count, warmup_cosine, write_card_files
 
 logger = logging.getLogger(__name__)
@@ -81,11 +91,6 @@ class SimilarityRecipe:
 # -- scene edits -----------------------------------------------------------------------------------
 
 
-def _apart(a: SceneObject, b: SceneObject, gap: float) -> bool:
-    (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a.box, b.box
-    return ax1 + gap <= bx0 or bx1 + gap <= ax0 or ay1 + gap <= by0 or by1 + gap <= ay0
-
-
 def _place(shape: str, colour: str, x: float, y: float, size: float) -> SceneObject:
     low, high = MARGIN + size / 2, 1 - MARGIN - size / 2
     return SceneObject(
@@ -102,21 +107,14 @@ def jitter(scene: Scene, rng: np.random.Generator, shift: float, scale: float, a
             size = min(max(o.size * (1 + rng.uniform(-scale, scale)), 0.8 * MIN_SIZE), 0.5)
             x, y = o.x + rng.uniform(-shift, shift), o.y + rng.uniform(-shift, shift)
             objects.append(_place(o.shape, o.colour, x, y, size))
-        if all(_apart(a, b, 0.0) for i, a in enumerate(objects) for b in objects[i + 1 :]):
+        if all(_boxes_apart(a.box, b.box, 0.0) for i, a in enumerate(objects) for b in objects[i + 1 :]):
             return Scene(tuple(objects))
     return scene
 
 
 def _free_object(scene: Scene, rng: np.random.Generator, attempts: int = 100) -> SceneObject | None:
     shape, colour = str(rng.choice(SHAPES)), str(rng.choice(COLOURS))
-    max_size = MAX_SIZE[min(len(scene) + 1, 4)]
-    for _ in range(attempts):
-        size = float(rng.uniform(MIN_SIZE, max_size))
-        x, y = rng.uniform(MARGIN + size / 2, 1 - MARGIN - size / 2, size=2)
-        candidate = _place(shape, colour, float(x), float(y), size)
-        if all(_apart(candidate, other, GAP) for other in scene.objects):
-            return candidate
-    return None
+    return place_object(rng, shape, colour, MAX_SIZE[min(len(scene) + 1, 4)], scene.objects, attempts)
 
 
 def edit_scene(scene: Scene, rng: np.random.Generator) -> tuple[Scene, str]:
@@ -284,13 +282,17 @@ EVAL_SPLITS = {"rl_train": 11, "rl_heldout": 12, "heldout": 13}  # split -> scen
 EVAL_ITEMS = 512
 
 
-def evaluate_similarity(folder: str | Path, items: int = EVAL_ITEMS) -> dict[str, dict[str, float]]:
-    """2AFC accuracy of the metric saved in ``folder`` on fresh items of each split in :data:`EVAL_SPLITS`."""
-    embedder = load_tower(folder)
-    return {
-        split: two_afc_accuracy(embedder.encode_images, render_views(items, seed, split))
-        for split, seed in EVAL_SPLITS.items()
-    }
+def evaluate_similarity(
+    folders: dict[str, str | Path], items: int = EVAL_ITEMS
+) -> dict[str, dict[str, dict[str, float]]]:
+    """2AFC accuracy of each metric ``{name: folder}`` on fresh items of each split in
+    :data:`EVAL_SPLITS` (rendered once for all of them): ``{name: {split: accuracies}}``."""
+    views = {split: render_views(items, seed, split) for split, seed in EVAL_SPLITS.items()}
+    out = {}
+    for name, folder in folders.items():
+        encode = load_tower(folder).encode_images
+        out[name] = {split: two_afc_accuracy(encode, split_views) for split, split_views in views.items()}
+    return out
 
 
 def _readme(card: dict[str, Any]) -> str:
@@ -361,8 +363,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "final_loss": float(np.mean(record["losses"][-50:])),
         "eval": {
             "items": args.eval_items,
-            "base": evaluate_similarity(recipe.base, args.eval_items),
-            "tuned": evaluate_similarity(folder, args.eval_items),
+            **evaluate_similarity({"base": recipe.base, "tuned": folder}, args.eval_items),
         },
     }
     card["size_mb"] = folder_megabytes(folder)
