@@ -40,6 +40,7 @@ __all__ = [
     "MinibatchPass",
     "epoch_minibatches",
     "epoch_passes",
+    "group_permutation",
     "loss_calls",
     "nonzero_advantages",
 ]
@@ -104,6 +105,20 @@ class MinibatchPass:
     optimizer_step: bool
 
 
+def group_permutation(
+    group_ids: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A permutation of the global batch that keeps each prompt group contiguous (the groups in a
+    random order, each group's samples in a random order), and each sample's dense group index.
+
+    Returns ``(permutation [B], group_index [B])``."""
+    group_index = torch.unique(group_ids.cpu(), return_inverse=True)[1]
+    group_rank = torch.randperm(int(group_index.max()) + 1, generator=generator)
+    within = torch.randperm(group_ids.numel(), generator=generator)
+    order = group_rank[group_index] * group_ids.numel() + within  # group first, then the random rank
+    return torch.argsort(order), group_index
+
+
 def loss_calls(part: MinibatchPass, fuse: bool) -> list[tuple[list[int], torch.Tensor, float]]:
     """The loss calls of one pass, each ``(rows, step_index [len(rows)], weight)``: the pass's
     gradient is the sum of ``weight * loss(rows at step_index)`` over its calls.
@@ -144,6 +159,7 @@ def epoch_passes(
     trainable_steps: torch.Tensor,
     kept: torch.Tensor,
     sharded_over: int = 0,
+    group_ids: torch.Tensor | None = None,
 ) -> Iterator[MinibatchPass]:
     """This process's passes of inner epoch ``epoch`` of training step ``step``.
 
@@ -155,12 +171,26 @@ def epoch_passes(
         trainable_steps: LongTensor ``[T']`` of the step indices the update may train on.
         kept: bool ``[B_global]`` (:func:`nonzero_advantages`), used under ``drop_zero_advantage``.
         sharded_over: the process count when the denoiser is FSDP-sharded, 0 otherwise.
+        group_ids: ``[B_global]`` prompt group of each sample (None: the strategy has none), read
+            under ``train.group_noise``: the permutation keeps each group together and its samples
+            share their step indices (:func:`group_permutation`).
     """
     generator = step_generator(train.seed, step, epoch)
-    permutation = torch.randperm(global_size, generator=generator)
+    grouped = bool(getattr(train, "group_noise", False))
+    if grouped and group_ids is None:
+        raise ValueError(f"train.group_noise: the {train.strategy!r} strategy reports no prompt groups")
+    if not grouped:
+        permutation = torch.randperm(global_size, generator=generator)
+        rows_of = torch.arange(global_size)  # each sample draws its own steps
+    else:
+        permutation, rows_of = group_permutation(group_ids, generator)
     chosen = select_timesteps_per_sample(
-        global_size, trainable_steps.numel(), train.timestep_fraction, generator, train.timestep_order
-    )
+        int(rows_of.max()) + 1 if global_size else 0,
+        trainable_steps.numel(),
+        train.timestep_fraction,
+        generator,
+        train.timestep_order,
+    )[rows_of]
     step_indices = trainable_steps[chosen]  # (B_global, K) actual step indices
     minibatches = epoch_minibatches(
         permutation, train.minibatch_size, kept if train.drop_zero_advantage else None

@@ -85,6 +85,11 @@ def check_recipe_names(config: Any) -> None:
     loss = resolve_name(LOSSES, config.train.loss, "train.loss")
     if config.train.fuse_timesteps:
         _check_fusable(loss, config)
+    if config.train.group_noise and not getattr(loss, "group_noise", False):
+        raise ConfigError(
+            f"train.group_noise: the {config.train.loss!r} loss does not draw its forward noise by "
+            "prompt group (the loss that does: nft)"
+        )
 
 
 def _check_fusable(loss: Any, config: Any) -> None:

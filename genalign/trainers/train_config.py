@@ -82,6 +82,12 @@ class TrainConfig:
       instead of k calls (the same loss and gradient: the mean over rows of per-row terms; faster
       for small models, k times the activation memory). Only for losses that are such a mean
       (``nft``, ``ppo_clip``: :attr:`~genalign.trainers.losses.base.PolicyLoss.row_mean`).
+    * ``group_noise``: for a forward-process loss (``nft``), the samples of one prompt group train
+      on the same noise levels with the same forward noise eps, and minibatches hold whole groups
+      (``minibatch_size`` a multiple of ``group_size``). Group advantages sum to zero, so the part
+      of the regression target that is eps itself cancels in the group's gradient, as
+      Diffusion-DPO shares noise and timestep between its pair (Wallace et al. 2024, Sec. 4; our
+      variant for groups, docs/fidelity.md).
 
     **Optimiser and learning rate** (``_check_optimiser``)
 
@@ -162,6 +168,7 @@ class TrainConfig:
     timestep_fraction: float = 1.0
     timestep_order: Literal["random", "first"] = "random"
     fuse_timesteps: bool = False
+    group_noise: bool = False
     # optimiser and learning rate
     learning_rate: float = 3e-4
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -244,6 +251,11 @@ class TrainConfig:
     def _check_steps(self) -> None:
         if not 0.0 < self.timestep_fraction <= 1.0:
             raise ConfigError(f"train.timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
+        if self.group_noise and self.minibatch_size % self.group_size != 0:
+            raise ConfigError(
+                f"train.group_noise: train.minibatch_size {self.minibatch_size} must be a multiple of "
+                f"train.group_size {self.group_size}, so that a minibatch holds whole groups"
+            )
 
     def _check_optimiser(self) -> None:
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:

@@ -302,9 +302,8 @@ class Trainer:
         counts = 0
         sharded_over = self.accelerator.num_processes if self.sharded else 0
         for epoch in range(train.inner_epochs):
-            for part in epoch_passes(
-                train, step, epoch, batch.global_index, global_size, trainable_steps, kept, sharded_over
-            ):
+            passes = (train, step, epoch, batch.global_index, global_size, trainable_steps, kept)
+            for part in epoch_passes(*passes, sharded_over, batch.global_group_ids):
                 for info in self._backward(batch, part):
                     for key, value in info.items():
                         sums[key] = sums.get(key, 0.0) + float(value)

@@ -78,6 +78,7 @@ class AstrolabeLoss(NFTLoss):
 
     decay_metric = "astrolabe_old_decay"
     row_mean = False  # one noise level per minibatch, and the selective KL ranks over the batch
+    group_noise = False  # its noise is keyed by the loss call (below), not by NFTLoss.noise
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

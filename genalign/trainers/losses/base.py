@@ -58,6 +58,8 @@ class PolicyLoss(abc.ABC):
     # trainer may run a minibatch's trained steps as one call on the rows repeated
     # (``train.fuse_timesteps``); a loss that couples rows or steps keeps False
     row_mean: bool = False
+    # the loss keys its forward noise by prompt group when ``train.group_noise`` is set (nft)
+    group_noise: bool = False
 
     @abc.abstractmethod
     def __call__(

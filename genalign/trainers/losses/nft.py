@@ -82,6 +82,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["NFTLoss"]
 
+# added to a group id to key its shared noise (train.group_noise) apart from any sample seed's
+GROUP_NOISE_KEY = 1 << 40
+
 
 @LOSSES.register("nft")
 class NFTLoss(PolicyLoss):
@@ -103,6 +106,7 @@ class NFTLoss(PolicyLoss):
 
     forward_process = True
     row_mean = True  # nft_loss_in_x0 is per sample; the noise is keyed per row (train.fuse_timesteps)
+    group_noise = True  # train.group_noise: the noise is keyed by the row's prompt group instead
     decay_metric = "nft_old_decay"
 
     def __init__(self, config: Any) -> None:
@@ -155,8 +159,12 @@ class NFTLoss(PolicyLoss):
 
     # ---- the loss ------------------------------------------------------------------------------
     def noise(self, trajectory: Trajectory, step_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """eps ``[B, ...]``, one generator per sample keyed by (step, seed, step index)."""
-        noise = seeded_noise(trajectory.seeds, step_index, like.shape[1:], step=self.current_step)
+        """eps ``[B, ...]``, one generator per sample keyed by (step, seed, step index); under
+        ``train.group_noise`` by (step, prompt group, step index), so a group's samples share it."""
+        keys = trajectory.seeds
+        if getattr(self.config, "group_noise", False):
+            keys = trajectory.group_ids.cpu() + GROUP_NOISE_KEY
+        noise = seeded_noise(keys, step_index, like.shape[1:], step=self.current_step)
         return noise.to(like.device, like.dtype)
 
     def __call__(self, policy, trajectory, step_index, advantages):
