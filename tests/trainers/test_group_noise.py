@@ -1,5 +1,5 @@
-"""``train.group_noise``: the samples of a prompt group train on the same noise levels with the same
-forward noise, in the same minibatch; off, every draw is what it was before the option existed."""
+"""``train.group_noise`` in DiffusionNFT's loss and the trainer: a prompt group's samples draw the same
+forward noise and train together; the minibatch side is in test_minibatches.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from genalign.config import ConfigError
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.losses.forward_process import seeded_noise
 from genalign.trainers.losses.nft import GROUP_NOISE_KEY, NFTLoss
-from genalign.trainers.minibatches import epoch_passes, group_permutation
-from genalign.trainers.strategies.base import step_generator
 from genalign.trainers.train_config import TrainConfig
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny"
@@ -23,68 +21,6 @@ TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny"
 @pytest.fixture(autouse=True)
 def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
-
-
-def _train(group_noise: bool, **changes) -> SimpleNamespace:
-    options = dict(
-        seed=5,
-        minibatch_size=4,
-        timestep_fraction=0.5,
-        timestep_order="random",
-        drop_zero_advantage=False,
-        gradient_accumulation_steps=1,
-        group_noise=group_noise,
-        strategy="groups",
-    )
-    return SimpleNamespace(**(options | changes))
-
-
-def test_group_permutation_keeps_each_group_together_in_a_random_order():
-    group_ids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
-    permutation, group_index = group_permutation(group_ids, torch.Generator().manual_seed(0))
-    assert sorted(permutation.tolist()) == list(range(12))
-    assert torch.equal(group_index, group_ids)
-    runs = group_ids[permutation].tolist()
-    assert [runs[i : i + 3] for i in range(0, 12, 3)] == [[g] * 3 for g in runs[::3]]  # contiguous
-    orders = {
-        tuple(group_permutation(group_ids, torch.Generator().manual_seed(s))[0].tolist()) for s in range(6)
-    }
-    assert len(orders) > 1  # the order of the groups (and within them) is drawn
-    # ids need not be 0..G-1: they are mapped to dense indices
-    _, dense = group_permutation(torch.tensor([7, 7, 3, 3]), torch.Generator().manual_seed(0))
-    assert dense.tolist() == [1, 1, 0, 0]
-
-
-def test_minibatches_hold_whole_groups_that_share_their_noise_levels():
-    group_ids = torch.arange(4).repeat_interleave(4)  # 4 groups of 4, minibatches of 4
-    steps = torch.arange(10, 20)
-    passes = list(
-        epoch_passes(
-            _train(True), 3, 0, torch.arange(16), 16, steps, torch.ones(16, dtype=bool), 0, group_ids
-        )
-    )
-    assert len(passes) == 4
-    levels = []
-    for part in passes:
-        assert len(set(group_ids[part.rows].tolist())) == 1 and len(part.rows) == 4
-        assert part.step_indices.shape == (4, 5)
-        assert (part.step_indices == part.step_indices[0]).all()  # the group's k levels, shared
-        levels.append(tuple(part.step_indices[0].tolist()))
-    assert len(set(levels)) > 1  # other groups draw other levels
-
-
-def test_off_the_draws_are_the_per_sample_ones_and_missing_groups_fail_by_name():
-    steps = torch.arange(10)
-    kept = torch.ones(8, dtype=bool)
-    (*parts,) = epoch_passes(_train(False), 2, 1, torch.arange(8), 8, steps, kept, 0, torch.zeros(8))
-    generator = step_generator(5, 2, 1)
-    permutation = torch.randperm(8, generator=generator)
-    keys = torch.rand(8, 10, generator=generator)
-    chosen = torch.argsort(keys, dim=1)[:, :5]
-    assert [p.rows for p in parts] == [permutation[:4].tolist(), permutation[4:].tolist()]
-    assert torch.equal(parts[0].step_indices, chosen[permutation[:4]])
-    with pytest.raises(ValueError, match="train.group_noise: the 'groups' strategy reports no prompt groups"):
-        list(epoch_passes(_train(True), 0, 0, torch.arange(8), 8, steps, kept, 0, None))
 
 
 def test_nft_noise_is_keyed_by_group_under_group_noise_and_by_seed_otherwise():
