@@ -179,11 +179,11 @@ def epoch_passes(
     grouped = bool(getattr(train, "group_noise", False))
     if grouped and group_ids is None:
         raise ValueError(f"train.group_noise: the {train.strategy!r} strategy reports no prompt groups")
-    if not grouped:
+    if grouped:
+        permutation, rows_of = group_permutation(group_ids, generator)  # a group draws its steps once
+    else:
         permutation = torch.randperm(global_size, generator=generator)
         rows_of = torch.arange(global_size)  # each sample draws its own steps
-    else:
-        permutation, rows_of = group_permutation(group_ids, generator)
     chosen = select_timesteps_per_sample(
         int(rows_of.max()) + 1 if global_size else 0,
         trainable_steps.numel(),

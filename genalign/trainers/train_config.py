@@ -84,10 +84,12 @@ class TrainConfig:
       (``nft``, ``ppo_clip``: :attr:`~genalign.trainers.losses.base.PolicyLoss.row_mean`).
     * ``group_noise``: for a forward-process loss (``nft``), the samples of one prompt group train
       on the same noise levels with the same forward noise eps, and minibatches hold whole groups
-      (``minibatch_size`` a multiple of ``group_size``). Group advantages sum to zero, so the part
-      of the regression target that is eps itself cancels in the group's gradient, as
-      Diffusion-DPO shares noise and timestep between its pair (Wallace et al. 2024, Sec. 4; our
-      variant for groups, docs/fidelity.md).
+      (``minibatch_size`` a multiple of ``group_size``). Group advantages sum to zero, so the eps
+      in the regression targets cancels in the group's gradient where the samples' Jacobians
+      agree, as Diffusion-DPO's code gives its winner and loser one noise and timestep
+      (SalesforceAIResearch/DiffusionDPO ``train.py``; our variant for groups, docs/fidelity.md).
+      On the toy demo it cut the gradient variance but did not raise the gain
+      (docs/toy_rl_study.md section 18).
 
     **Optimiser and learning rate** (``_check_optimiser``)
 
