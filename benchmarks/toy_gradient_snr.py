@@ -10,6 +10,9 @@ is, so a loss whose fraction is near 0 random-walks the weights (DESIGN.md "The 
 
     python benchmarks/toy_gradient_snr.py --oracle --prompts "a photo of a black circle and a red square" \\
         --set model.lora=null --set train.method=diffusion_nft --set train.loss=nft
+
+One gradient is recorded per optimiser step; ``--set train.minibatch_size=64`` makes it the whole
+step's (``docs/toy_rl_study.md`` section 18 compares ``--set train.group_noise=true`` so).
 """
 
 from __future__ import annotations
@@ -54,7 +57,11 @@ def batch_gradients(overrides: list[str], batches: int, recipe: str) -> list[tor
 
 
 def signal_fraction(gradients: list[torch.Tensor]) -> dict[str, float]:
-    """Mean and spread of the pairwise cosine similarities of the batch gradients."""
+    """Mean and spread of the pairwise cosine similarities of the batch gradients, and their total
+    variance ``sum_i |g_i - mean|^2 / (n - 1)`` (the expected squared noise of one batch gradient,
+    which a variance-reduction option such as ``train.group_noise`` should lower)."""
+    stacked = torch.stack(gradients).double()
+    spread = ((stacked - stacked.mean(0)) ** 2).sum(1)
     cosines = [
         float(torch.nn.functional.cosine_similarity(a, b, dim=0))
         for a, b in itertools.combinations(gradients, 2)
@@ -65,6 +72,7 @@ def signal_fraction(gradients: list[torch.Tensor]) -> dict[str, float]:
         if len(cosines) > 1
         else float("nan"),
         "gradient_norm": statistics.fmean(float(g.norm()) for g in gradients),
+        "variance": float(spread.sum() / (len(gradients) - 1)) if len(gradients) > 1 else float("nan"),
         "pairs": len(cosines),
     }
 
