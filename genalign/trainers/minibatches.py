@@ -176,20 +176,16 @@ def epoch_passes(
             share their step indices (:func:`group_permutation`).
     """
     generator = step_generator(train.seed, step, epoch)
-    grouped = bool(getattr(train, "group_noise", False))
-    if grouped and group_ids is None:
-        raise ValueError(f"train.group_noise: the {train.strategy!r} strategy reports no prompt groups")
-    if grouped:
+    if train.group_noise:
+        if group_ids is None:
+            raise ValueError(f"train.group_noise: the {train.strategy!r} strategy reports no prompt groups")
         permutation, rows_of = group_permutation(group_ids, generator)  # a group draws its steps once
+        draws = int(rows_of.max()) + 1
     else:
         permutation = torch.randperm(global_size, generator=generator)
-        rows_of = torch.arange(global_size)  # each sample draws its own steps
+        rows_of, draws = torch.arange(global_size), global_size  # each sample draws its own steps
     chosen = select_timesteps_per_sample(
-        int(rows_of.max()) + 1 if global_size else 0,
-        trainable_steps.numel(),
-        train.timestep_fraction,
-        generator,
-        train.timestep_order,
+        draws, trainable_steps.numel(), train.timestep_fraction, generator, train.timestep_order
     )[rows_of]
     step_indices = trainable_steps[chosen]  # (B_global, K) actual step indices
     minibatches = epoch_minibatches(

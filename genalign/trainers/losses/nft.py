@@ -162,7 +162,7 @@ class NFTLoss(PolicyLoss):
         """eps ``[B, ...]``, one generator per sample keyed by (step, seed, step index); under
         ``train.group_noise`` by (step, prompt group, step index), so a group's samples share it."""
         keys = trajectory.seeds
-        if getattr(self.config, "group_noise", False):
+        if self.config.group_noise:
             keys = trajectory.group_ids.cpu() + GROUP_NOISE_KEY
         noise = seeded_noise(keys, step_index, like.shape[1:], step=self.current_step)
         return noise.to(like.device, like.dtype)
