@@ -15,6 +15,7 @@ name                       what                                                 
 ``jpeg_incompressibility`` +JPEG size in kB (DDPO)                                     no
 ``ensemble``               weighted, optionally normalised sum of members              if all
 ``svg_fidelity``           RLRF rendering reward on SVG text (Rodriguez et al. 2025)   no
+``svg_render``             any image reward on each SVG's render (text-to-SVG)          no
 ``vlm_yes``                P("yes") from a VLM: VQAScore / RewardDance (comparative)   no
 ``iqa``                    VLM expected rating: Q-Align, Q-Boost; Q-Hawkeye variance   no
 ``clip_iqa``               CLIP-IQA antonym prompts (Wang et al. 2023)                 yes
@@ -64,7 +65,7 @@ from genalign.rewards.jpeg import (
 from genalign.rewards.pickscore import PickScoreReward
 from genalign.rewards.preprocess import PreprocessConfig, preprocess_images
 from genalign.rewards.qwen_rm import QwenRewardModel
-from genalign.rewards.svg import SVGFidelityReward
+from genalign.rewards.svg import SVGFidelityReward, SVGRenderedReward
 from genalign.rewards.text import IQAAnswerReward, KeywordReward, TextLengthReward
 from genalign.rewards.video import VideoReward
 from genalign.rewards.videoalign import VideoAlignReward
@@ -108,6 +109,7 @@ __all__ = [
     "Reward",
     "RewardOutput",
     "SVGFidelityReward",
+    "SVGRenderedReward",
     "TransformersCLIPEmbedder",
     "VideoReward",
     "list_rewards",

@@ -7,6 +7,8 @@
   trailing text, a root never closed).
 - :mod:`~genalign.rewards.svg.fidelity` -- ``svg_fidelity``: RLRF's image, edge, semantic and
   length rewards (Rodriguez et al. 2025, Sec. 3).
+- :mod:`~genalign.rewards.svg.rendered` -- ``svg_render``: any image reward on each SVG's render
+  (text-to-SVG rewards).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from genalign.rewards.svg.extract import SVGExtraction, extract_svg, extract_svg
 from genalign.rewards.svg.fidelity import SVGFidelityReward, canny_edges, length_reward, normalized_l2_reward
 from genalign.rewards.svg.pool import SVGRenderPool, render_batch, render_svg, shared_pool
 from genalign.rewards.svg.render import BACKENDS, RenderResult, render_local
+from genalign.rewards.svg.rendered import SVGRenderedReward
 from genalign.rewards.svg.sanitize import RenderLimits, SanitizedSVG, SVGRejected, sanitize_svg
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "SVGFidelityReward",
     "SVGRejected",
     "SVGRenderPool",
+    "SVGRenderedReward",
     "SanitizedSVG",
     "canny_edges",
     "extract_svg",

@@ -1,0 +1,133 @@
+"""``svg_render``: an image reward on each SVG's render (genalign.rewards.svg.rendered)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genalign.rewards import Reward, RewardOutput, load_reward
+from genalign.rewards.svg import render_local
+
+RED_SQUARE = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect x="4" y="4" width="12" height="12" fill="#ff0000"/></svg>'
+BLUE_CIRCLE = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><circle cx="16" cy="16" r="10" fill="#0000ff"/></svg>'
+BLANK = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"></svg>'
+HOSTILE = '<!DOCTYPE svg [<!ENTITY a "aaaaaaaaaa">]><svg xmlns="http://www.w3.org/2000/svg">&a;</svg>'
+BROKEN = "<svg><rect"
+
+
+class Redness(Reward):
+    """Mean of (red - blue) over the image, plus the prompt's length / 100; records its calls."""
+
+    name = "redness"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, list[str], dict]] = []
+
+    def score(self, images, prompts, **metadata):
+        self.calls.append((images.shape[0], list(prompts), metadata))
+        value = (images[:, 0] - images[:, 2]).mean(dim=(1, 2)) + torch.tensor([len(p) / 100 for p in prompts])
+        return RewardOutput(value, {"red": images[:, 0].mean(dim=(1, 2)), "note": "not per sample"})
+
+
+def test_scores_are_the_image_reward_of_each_render():
+    inner = Redness()
+    reward = load_reward("svg_render", reward=inner, canvas=32)
+    svgs, prompts = [RED_SQUARE, BLUE_CIRCLE], ["a red square", "a blue circle"]
+    out = reward(svgs, prompts)
+    # independently: render in this process and score the pixels by hand
+    pixels = torch.stack([render_local(svg, 32, 32).image for svg in svgs])
+    expected = (pixels[:, 0] - pixels[:, 2]).mean(dim=(1, 2)) + torch.tensor([0.12, 0.13])
+    assert torch.allclose(out.scores, expected, atol=1e-6)
+    assert out.scores[0] > 0.12 > out.scores[1]  # red pays, blue costs
+    assert torch.allclose(out.details["image/red"], pixels[:, 0].mean(dim=(1, 2)), atol=1e-6)
+    assert "image/note" not in out.details  # only per-sample tensors are carried
+    assert out.details["failure_count"] == 0
+    assert out.details["rendered"].tolist() == [1.0, 1.0]
+
+
+def test_svgs_that_do_not_render_score_the_floor_and_are_never_shown_to_the_image_reward():
+    inner = Redness()
+    reward = load_reward("svg_render", reward=inner, min_reward=-2.0)
+    svgs = [BROKEN, RED_SQUARE, HOSTILE, BLANK, "", BLUE_CIRCLE]
+    out = reward(svgs, [f"p{i}" for i in range(len(svgs))])
+    assert out.scores[[0, 2, 3, 4]].tolist() == [-2.0] * 4
+    assert (out.scores[[1, 5]] > -2.0).all()
+    assert out.details["rendered"].tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert out.details["failure_count"] == 4
+    assert out.details["failure"][3] == "blank" and out.details["failure"][1] is None
+    assert out.details["image/red"][[0, 2, 3, 4]].tolist() == [0.0] * 4
+    ((batch, prompts, _),) = inner.calls
+    assert batch == 2 and prompts == ["p1", "p5"]  # the image reward saw the renders that worked
+
+
+def test_an_all_failed_batch_never_calls_the_image_reward():
+    inner = Redness()
+    out = load_reward("svg_render", reward=inner)([BROKEN, BLANK], ["a", "b"])
+    assert out.scores.tolist() == [-1.0, -1.0] and not inner.calls
+
+
+def test_only_the_named_metadata_reaches_the_image_reward_row_by_row():
+    inner = Redness()
+    reward = load_reward("svg_render", reward=inner, metadata_keys=["specs"])
+    specs = [{"k": 0}, {"k": 1}, {"k": 2}]
+    targets = torch.zeros(3, 3, 32, 32)
+    reward([RED_SQUARE, BROKEN, BLUE_CIRCLE], ["a", "b", "c"], specs=specs, targets=targets)
+    ((_, _, metadata),) = inner.calls
+    assert metadata == {"specs": [{"k": 0}, {"k": 2}]}
+    with pytest.raises(ValueError, match=r"metadata_keys \['specs'\]"):
+        reward([RED_SQUARE], ["a"])
+
+
+def test_a_registered_image_reward_loads_by_name_and_the_toy_verifier_judges_renders():
+    from genalign.toy.svg_tasks import toy_svg_pool
+
+    pool = toy_svg_pool(count=6, seed=3, split="rl_train", svg_style="canonical", specs=True)
+    wrapped = load_reward("svg_render", reward={"name": "shapes_eval", "kwargs": {}}, metadata_keys=["specs"])
+    direct = load_reward("toy_svg_verifier", mode="correct")
+    svgs = pool.metadata["reference_svgs"]
+    out = wrapped(svgs, list(pool), specs=pool.metadata["specs"])
+    assert torch.equal(out.scores, direct(svgs, list(pool), specs=pool.metadata["specs"]).scores)
+    assert (
+        load_reward("svg_render", reward="jpeg_compressibility").image_reward.name == "jpeg_compressibility"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reward": "keyword", "kwargs": {"keywords": ["svg"]}}, "scores text, not images"),
+        ({"reward": "svg_fidelity"}, "scores svg, not images"),
+        ({"reward": "jpeg_compressibility", "canvas": 0}, "canvas must be"),
+        ({"reward": "jpeg_compressibility", "canvas": (32,)}, "canvas must be"),
+        ({"reward": "jpeg_compressibility", "min_reward": float("nan")}, "min_reward must be finite"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_reward("svg_render", **kwargs)
+
+
+def test_the_length_term_charges_svgs_longer_than_the_reference_by_hand():
+    inner = Redness()
+    plain = load_reward("svg_render", reward=inner)
+    reward = load_reward("svg_render", reward=inner, length_weight=2.0, length_margin=0.1)
+    hedge = RED_SQUARE.replace("</svg>", BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") :])  # two objects
+    svgs, prompts = [RED_SQUARE, hedge, BROKEN], ["a red square"] * 3
+    references = [RED_SQUARE] * 3
+    out = reward(svgs, prompts, reference_svgs=references)
+    base = plain(svgs, prompts).scores
+    ref = len(RED_SQUARE)
+    by_hand = [1.0, 1.0 - (max(0.0, len(hedge) - 1.1 * ref) / ref) ** 2]
+    assert len(hedge) > 1.1 * ref and by_hand[1] < 1.0
+    assert torch.allclose(out.details["length"][:2], torch.tensor(by_hand), atol=1e-6)
+    assert torch.allclose(out.scores[:2], base[:2] + 2.0 * torch.tensor(by_hand), atol=1e-5)
+    assert out.scores[2] == -1.0  # a failed render keeps the floor, length or not
+    with pytest.raises(ValueError, match="needs metadata `reference_svgs`"):
+        reward(svgs, prompts)
+
+
+@pytest.mark.parametrize(("key", "value"), [("length_weight", -1.0), ("length_margin", float("inf"))])
+def test_bad_length_settings_are_one_line_errors(key, value):
+    with pytest.raises(ValueError, match=key):
+        load_reward("svg_render", reward="jpeg_compressibility", **{key: value})
