@@ -20,7 +20,11 @@ as the ``svg`` strategy extracts it (:func:`genalign.rewards.svg.extract_svg_det
   more objects the render holds than the target (0 when it holds as many or fewer). GenEval's
   rule, which ShapesEval follows, asks for *at least* ``count`` objects, so a writer that adds
   shapes passes more single-object, two-object and colour prompts without drawing the scene;
-  for image-to-SVG the whole scene is the target, and these two measures see the difference.
+  for image-to-SVG the whole scene is the target, and these two measures see the difference;
+* ``shapes_eval_exact``: ShapesEval's verdict with no extra objects (correct, and the render holds
+  no more objects than the target). For text-to-SVG the caption leaves colours and places open, so
+  scene match does not apply, but the reference holds as many objects as the caption asks: this is
+  the verdict that adding shapes cannot pass.
 
 Intervals: a normal interval of the mean (``1.96 s / sqrt(n)``) for per-sample measures, Wilson's
 for validity, and for ShapesEval the category-stratified interval of GenEval's mean. Between
@@ -30,7 +34,9 @@ consecutive models the report gives paired changes (same scenes, same seeds) and
 the verifier* (the reward score's change has an interval above 0 while ShapesEval's change has
 an interval that contains 0 or lies below it) and *the verifier without the scene* (ShapesEval's
 change has an interval above 0 while ``scene_match``'s contains 0 or lies below it: the writer
-passes more specs without drawing more scenes, e.g. by adding objects).
+passes more specs without drawing more scenes, e.g. by adding objects), and *the verifier by
+extra objects* (ShapesEval's change has an interval above 0 while ``shapes_eval_exact``'s contains 0
+or lies below it).
 
     genalign eval-svg before=runs/toy/svg-writer-init sft=assets/models/toy-svg-writer --count 256
 """
@@ -175,6 +181,7 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
         "category": [v["category"] for v in verdict],
         "scene_match": matches,
         "extra_objects": extras,
+        "shapes_eval_exact": [float(v["correct"] and e == 0) for v, e in zip(verdict, extras, strict=True)],
     }
     for term in ("image", "edge", "semantic", "length"):
         if term in out.details:
@@ -224,7 +231,9 @@ def summarize(per_sample: Mapping[str, list]) -> dict[str, Any]:
     for name in MEAN_METRICS:
         if name in per_sample:
             summary[name] = _mean_interval(per_sample[name])
-    summary["shapes_eval"] = _shapes_interval(per_sample["shapes_eval"], per_sample["category"])
+    for name in ("shapes_eval", "shapes_eval_exact"):
+        if name in per_sample:
+            summary[name] = _shapes_interval(per_sample[name], per_sample["category"])
     return summary
 
 
@@ -249,6 +258,17 @@ def hacking_check(
         before["shapes_eval"], after["shapes_eval"], before["category"]
     )
     changes["shapes_eval"] = {"change": change, "ci": [low, high], "n": len(before["shapes_eval"])}
+    exact_flat = False
+    if "shapes_eval_exact" in before and "shapes_eval_exact" in after:
+        exact = paired_change_interval(
+            before["shapes_eval_exact"], after["shapes_eval_exact"], before["category"]
+        )
+        changes["shapes_eval_exact"] = {
+            "change": exact[0],
+            "ci": [exact[1], exact[2]],
+            "n": len(before["category"]),
+        }
+        exact_flat = math.isfinite(exact[1]) and not exact[1] > 0
     lengths = [_mean_interval(x["length_ratio"])["mean"] for x in (before, after)]
     collapse = None not in lengths and (lengths[1] < collapse_ratio * lengths[0] or lengths[1] < 0.5)
     score_up = changes["score"]["ci"][0] is not None and changes["score"]["ci"][0] > 0
@@ -260,6 +280,7 @@ def hacking_check(
         "length_collapse": bool(collapse),
         "fidelity_up_verifier_flat": bool(score_up and (verifier_flat or not low > 0)),
         "verifier_up_scene_flat": bool(math.isfinite(low) and low > 0 and scene_flat),
+        "verifier_up_by_extra_objects": bool(math.isfinite(low) and low > 0 and exact_flat),
         "collapse_ratio": collapse_ratio,
     }
 
@@ -375,6 +396,7 @@ def evaluate_svg_writers(
 TABLE_ROWS = (
     ("validity", "validity", 100),
     ("shapes_eval", "ShapesEval on render", 100),
+    ("shapes_eval_exact", "ShapesEval, no extra objects", 100),
     ("scene_match", "scene match", 100),
     ("extra_objects", "extra objects", 1),
     ("score", "svg_fidelity score", 1),
@@ -412,7 +434,10 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"length collapse: {'YES' if check['length_collapse'] else 'no'}; "
             f"fidelity up while the verifier is flat: {'YES' if check['fidelity_up_verifier_flat'] else 'no'}; "
             f"scene match {_signed(check['changes'].get('scene_match', {}), 100)} points; "
-            f"verifier up without the scene: {'YES' if check.get('verifier_up_scene_flat') else 'no'}"
+            f"verifier up without the scene: {'YES' if check.get('verifier_up_scene_flat') else 'no'}; "
+            f"ShapesEval with no extra objects {_signed(check['changes'].get('shapes_eval_exact', {}), 100)} "
+            f"points; verifier up by extra objects: "
+            f"{'YES' if check.get('verifier_up_by_extra_objects') else 'no'}"
         )
     return "\n".join(lines)
 

@@ -158,6 +158,36 @@ def test_the_hacking_check_flags_the_verifier_rising_without_the_scene():
     assert check["changes"]["scene_match"]["change"] == pytest.approx(1 - sum(scenes) / 40)
 
 
+def test_the_hacking_check_flags_the_verifier_rising_by_extra_objects():
+    gen = torch.Generator().manual_seed(2)
+    shapes = (torch.rand(40, generator=gen) < 0.3).float().tolist()
+    before = _samples([0.5] * 40, shapes, [1.0] * 40) | {"shapes_eval_exact": shapes}
+    hedged = _samples([0.6] * 40, [1.0] * 40, [1.5] * 40) | {"shapes_eval_exact": shapes}
+    check = hacking_check(before, hedged)
+    assert check["verifier_up_by_extra_objects"] and not check["verifier_up_scene_flat"]
+    assert check["changes"]["shapes_eval_exact"]["change"] == pytest.approx(0.0)
+    honest = _samples([0.6] * 40, [1.0] * 40, [1.0] * 40) | {"shapes_eval_exact": [1.0] * 40}
+    assert not hacking_check(before, honest)["verifier_up_by_extra_objects"]
+
+
+def test_the_exact_verdict_is_shapes_eval_without_extra_objects(eval_set, reward):
+    rows = score_svgs(eval_set.reference_svgs, eval_set, reward)
+    padded_svgs = [
+        svg.replace("</svg>", '<circle cx="30" cy="30" r="2" fill="#1a1a1a"/></svg>')
+        for svg in eval_set.reference_svgs
+    ]
+    padded = score_svgs(padded_svgs, eval_set, reward)
+    by_hand = [float(c and e == 0) for c, e in zip(padded["shapes_eval"], padded["extra_objects"])]
+    assert padded["shapes_eval_exact"] == by_hand
+    assert sum(padded["extra_objects"]) > 0 and sum(padded["shapes_eval_exact"]) < sum(
+        rows["shapes_eval_exact"]
+    )
+    assert rows["shapes_eval_exact"] == [
+        float(c and e == 0) for c, e in zip(rows["shapes_eval"], rows["extra_objects"])
+    ]
+    assert "shapes_eval_exact" in summarize(padded)
+
+
 class _FencedPolicy:
     """A stand-in writer: answers each scene with its reference inside a Markdown fence and prose."""
 
