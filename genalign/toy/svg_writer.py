@@ -1,5 +1,8 @@
 """The toy SVG writer (``assets/models/toy-svg-writer``, issue #25 item 4): a small LLaVA that
-writes the SVG code of a toy render (image-to-SVG), RLRF's stage-1 model on the toy world.
+writes the SVG code of a toy render (image-to-SVG), RLRF's stage-1 model on the toy world. The same
+architecture trained on captions alone (no image input) is the text-to-SVG writer
+``assets/models/toy-svg-writer-t2s`` (``configs/toy/svg_writer_t2s_sft.yaml``; ``card --task
+text_to_svg``).
 
 RLRF (Rodriguez et al. 2025, arXiv 2505.20793) starts from a VLM that already writes SVG and
 fine-tunes it on (image, SVG) pairs before any RL. The tiny random LLaVA (``tiny:llava``) cannot be
@@ -181,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=256, help="card: held-out scenes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--task",
+        default="image_to_svg",
+        choices=("image_to_svg", "text_to_svg"),
+        help="card: the task the writer was trained for",
+    )
+    parser.add_argument(
         "--steps", type=int, help="card: the SFT steps the model was trained for (metrics rows)"
     )
     args = parser.parse_args(argv)
@@ -202,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     models = {"after SFT": str(args.model)}
     if args.init is not None:
         models = {"before SFT": str(args.init), **models}
-    evaluation = evaluate_svg_writers(models, count=args.count)
+    evaluation = evaluate_svg_writers(models, count=args.count, task=args.task)
     command = " ".join(["python -m genalign.toy.svg_writer", *(argv or __import__("sys").argv[1:])])
     card = write_card(args.model, args.out, evaluation, command, args.steps)
     print(json.dumps({k: card[k] for k in ("parameters", "size_mb", "training")}, indent=2))
