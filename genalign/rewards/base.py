@@ -16,7 +16,7 @@ strict mode.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,18 @@ def load_reward(name: str, **kwargs: Any) -> Reward:
     """Build a registered reward by name (or ``"module.path:Class"``) with keyword arguments."""
     cls = REWARDS.get(name)
     return cls(**kwargs)
+
+
+def load_image_reward(reward: Any, kwargs: Any = None, owner: str = "reward") -> Reward:
+    """The image reward a wrapper reward applies (``video``, ``svg_render``): a ``Reward``, a
+    registered name with ``kwargs``, or ``{"name", "kwargs"}``. Raises ``ValueError`` (naming
+    ``owner``) when it does not score images."""
+    if isinstance(reward, Mapping):
+        reward, kwargs = reward["name"], reward.get("kwargs", kwargs)
+    image_reward = reward if isinstance(reward, Reward) else load_reward(reward, **dict(kwargs or {}))
+    if image_reward.input_kind != "image":
+        raise ValueError(f"{owner}: {image_reward.name!r} scores {image_reward.input_kind}, not images")
+    return image_reward
 
 
 def list_rewards() -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from genalign.algorithms.selective_kl import reward_ranks
-from genalign.rewards.base import Reward, RewardOutput, load_reward, register_reward
+from genalign.rewards.base import Reward, RewardOutput, load_image_reward, register_reward
 
 __all__ = ["FRAME_AGGREGATIONS", "VideoReward", "aggregate_frame_scores", "per_reward_ranks"]
 
@@ -106,13 +106,7 @@ class VideoReward(Reward):
             raise ValueError(f"video reward: fraction must lie in (0, 1], got {fraction}")
         if frame_batch_size is not None and frame_batch_size <= 0:
             raise ValueError(f"video reward: frame_batch_size must be positive, got {frame_batch_size}")
-        if isinstance(reward, Mapping):
-            reward, kwargs = reward["name"], reward.get("kwargs", kwargs)
-        image_reward = reward if isinstance(reward, Reward) else load_reward(reward, **dict(kwargs or {}))
-        if image_reward.input_kind != "image":
-            raise ValueError(
-                f"video reward: {image_reward.name!r} scores {image_reward.input_kind}, not images"
-            )
+        image_reward = load_image_reward(reward, kwargs, "video reward")
         self.image_reward = image_reward
         self.aggregation, self.fraction, self.frame_batch_size = (
             aggregation,

@@ -6,6 +6,16 @@ from typing import Any
 
 import torch
 
+# a GRPO step of an SVG recipe on 2 inputs x 4 samples from a pool of 8, one optimiser step
+ONE_STEP = (
+    "train.num_steps=1",
+    "train.prompts_per_step=2",
+    "train.group_size=4",
+    "train.minibatch_size=8",
+    "train.gradient_accumulation_steps=1",
+    "prompts.source_kwargs.count=8",
+)
+
 
 def greedy_baseline_advantages(
     rewards: torch.Tensor, greedy: torch.Tensor, group: int, clip: float

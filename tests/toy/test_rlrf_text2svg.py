@@ -15,6 +15,8 @@ from genalign.rewards import load_reward
 from genalign.rewards.svg import render_batch
 from genalign.trainers import build_trainer, load_recipe
 
+from .svg_helpers import ONE_STEP
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "toy" / "rlrf_text2svg.yaml"
 WRITER = ROOT / "assets" / "models" / "toy-svg-writer-t2s"
@@ -42,16 +44,9 @@ def test_the_shipped_writer_has_its_card():
 
 
 def test_a_grpo_step_scores_each_render_with_vqascore_plus_the_length_term(tmp_path):
-    small = [
-        "train.num_steps=1",
-        "train.prompts_per_step=2",
-        "train.group_size=4",
-        "train.minibatch_size=8",
-        "train.gradient_accumulation_steps=1",
-        "prompts.source_kwargs.count=8",
-        f"logging.run_dir={tmp_path}/run",
-    ]
-    trainer = build_trainer(load_recipe(RECIPE, small), base_dir=ROOT)
+    trainer = build_trainer(
+        load_recipe(RECIPE, [*ONE_STEP, f"logging.run_dir={tmp_path}/run"]), base_dir=ROOT
+    )
     seen, reward = {}, trainer.reward
 
     def spy(outputs, prompts, **metadata):

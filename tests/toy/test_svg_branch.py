@@ -15,7 +15,7 @@ from genalign.policies.language_branch import BranchSampler
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.strategies.svg_branch import branch_token_mask
 
-from .svg_helpers import greedy_answers_by_hand, greedy_baseline_advantages
+from .svg_helpers import ONE_STEP, greedy_answers_by_hand, greedy_baseline_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -23,15 +23,7 @@ ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
 
 def branch_trainer(tmp_path, *overrides: str):
     """The oracle recipe with branch rollouts: one step of 2 scenes x 4 branches."""
-    small = [
-        "train.svg.rollout=branch",
-        "train.num_steps=1",
-        "train.prompts_per_step=2",
-        "train.group_size=4",
-        "train.minibatch_size=8",
-        "train.gradient_accumulation_steps=1",
-        "prompts.source_kwargs.count=8",
-    ]
+    small = ["train.svg.rollout=branch", *ONE_STEP]
     config = load_recipe(ORACLE_RECIPE, [f"logging.run_dir={tmp_path}/run", *small, *overrides])
     return build_trainer(config, base_dir=ROOT)
 

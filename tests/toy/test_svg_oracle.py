@@ -17,7 +17,7 @@ from genalign.toy.svg_tasks import toy_svg_examples, toy_svg_pool
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.strategies.svg import divergence_mask
 
-from .svg_helpers import greedy_answers_by_hand, greedy_baseline_advantages
+from .svg_helpers import ONE_STEP, greedy_answers_by_hand, greedy_baseline_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_RECIPE = ROOT / "configs" / "toy" / "rlrf_im2svg_oracle.yaml"
@@ -119,13 +119,7 @@ def test_the_oracle_recipe_differs_from_the_rl_recipe_only_in_its_reward(tmp_pat
 
 def one_step_trainer(tmp_path, *overrides: str):
     """The oracle recipe for one step of 2 scenes x 4 samples from the shipped writer."""
-    small = ["train.num_steps=1", "train.prompts_per_step=2", "train.group_size=4"]
-    small += [
-        "train.minibatch_size=8",
-        "train.gradient_accumulation_steps=1",
-        "prompts.source_kwargs.count=8",
-    ]
-    config = load_recipe(ORACLE_RECIPE, [f"logging.run_dir={tmp_path}/run", *small, *overrides])
+    config = load_recipe(ORACLE_RECIPE, [f"logging.run_dir={tmp_path}/run", *ONE_STEP, *overrides])
     return build_trainer(config, base_dir=ROOT)
 
 

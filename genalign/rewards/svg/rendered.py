@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from genalign.rewards.base import Reward, RewardOutput, load_reward, register_reward
+from genalign.rewards.base import Reward, RewardOutput, load_image_reward, register_reward
 from genalign.rewards.svg.fidelity import length_reward
 from genalign.rewards.svg.pool import SVGRenderPool, render_batch
 from genalign.rewards.svg.sanitize import RenderLimits
@@ -92,13 +92,7 @@ class SVGRenderedReward(Reward):
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
-        if isinstance(reward, Mapping):
-            reward, kwargs = reward["name"], reward.get("kwargs", kwargs)
-        image_reward = reward if isinstance(reward, Reward) else load_reward(reward, **dict(kwargs or {}))
-        if image_reward.input_kind != "image":
-            raise ValueError(
-                f"svg_render: {image_reward.name!r} scores {image_reward.input_kind}, not images"
-            )
+        image_reward = load_image_reward(reward, kwargs, "svg_render")
         size = (canvas, canvas) if isinstance(canvas, int) else tuple(canvas)
         if len(size) != 2 or any(not isinstance(s, int) or s <= 0 for s in size):
             raise ValueError(f"svg_render: canvas must be a positive int or (height, width), got {canvas!r}")
