@@ -387,7 +387,10 @@ def evaluate_svg_writers(
             report["models"][label]["samples"] = svgs[:8]
     labels = list(models)
     for first, second in zip(labels, labels[1:]):
-        report["comparisons"][f"{first} -> {second}"] = hacking_check(per_model[first], per_model[second])
+        check = hacking_check(per_model[first], per_model[second])
+        if task == "text_to_svg":  # a caption has no one scene: scene match is reported, not judged
+            check["verifier_up_scene_flat"] = None
+        report["comparisons"][f"{first} -> {second}"] = check
     return report
 
 
@@ -434,12 +437,16 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"length collapse: {'YES' if check['length_collapse'] else 'no'}; "
             f"fidelity up while the verifier is flat: {'YES' if check['fidelity_up_verifier_flat'] else 'no'}; "
             f"scene match {_signed(check['changes'].get('scene_match', {}), 100)} points; "
-            f"verifier up without the scene: {'YES' if check.get('verifier_up_scene_flat') else 'no'}; "
+            f"verifier up without the scene: {_flag(check.get('verifier_up_scene_flat'))}; "
             f"ShapesEval with no extra objects {_signed(check['changes'].get('shapes_eval_exact', {}), 100)} "
             f"points; verifier up by extra objects: "
             f"{'YES' if check.get('verifier_up_by_extra_objects') else 'no'}"
         )
     return "\n".join(lines)
+
+
+def _flag(value: bool | None) -> str:
+    return "n/a" if value is None else "YES" if value else "no"
 
 
 def _signed(stats: Mapping[str, Any], scale: float) -> str:

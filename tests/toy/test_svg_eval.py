@@ -242,6 +242,12 @@ def test_the_command_line_writes_a_report_with_both_models_and_their_comparison(
     assert "one -> two" in report["comparisons"]
     printed = capsys.readouterr().out
     assert "| validity |" in printed and "length collapse" in printed
+    assert "ShapesEval, no extra objects" in printed and "verifier up by extra objects" in printed
+    assert isinstance(report["comparisons"]["one -> two"]["verifier_up_scene_flat"], bool)
+    assert main([*args, "--task", "text_to_svg", "--out", str(out)]) == 0
+    # a caption has no one scene, so the scene check is not judged
+    assert json.loads(out.read_text())["comparisons"]["one -> two"]["verifier_up_scene_flat"] is None
+    assert "verifier up without the scene: n/a" in capsys.readouterr().out
     assert main(["eval-svg", "bad="]) == 2  # bad user input: one line naming the item
     error = capsys.readouterr().err.strip()
     assert "LABEL=PATH" in error and "'bad='" in error and len(error.splitlines()) == 1
