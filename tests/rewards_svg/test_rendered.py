@@ -122,7 +122,13 @@ def test_the_length_term_charges_svgs_longer_than_the_reference_by_hand():
     assert len(hedge) > 1.1 * ref and by_hand[1] < 1.0
     assert torch.allclose(out.details["length"][:2], torch.tensor(by_hand), atol=1e-6)
     assert torch.allclose(out.scores[:2], base[:2] + 2.0 * torch.tensor(by_hand), atol=1e-5)
-    assert out.scores[2] == -1.0  # a failed render keeps the floor, length or not
+    # a failed render gets the floor of both parts: below any SVG that renders, however long
+    assert out.scores[2] == -1.0 - 2.0 and out.details["length"][2] == -1.0
+    circle = BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") : BLUE_CIRCLE.index("</svg>")]
+    far_too_long = RED_SQUARE.replace("</svg>", circle * 6 + "</svg>")
+    long_out = reward([far_too_long, BROKEN], ["a red square"] * 2, reference_svgs=references[:2])
+    assert long_out.details["rendered"].tolist() == [1.0, 0.0]
+    assert long_out.details["length"][0] == -1.0 and long_out.scores[0] > long_out.scores[1]
     with pytest.raises(ValueError, match="needs metadata `reference_svgs`"):
         reward(svgs, prompts)
 

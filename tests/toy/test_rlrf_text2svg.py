@@ -68,7 +68,7 @@ def test_a_grpo_step_scores_each_render_with_vqascore_plus_the_length_term(tmp_p
     results = render_batch(svgs, 32, 32)
     ok = [i for i, r in enumerate(results) if r.ok]
     vqa = load_reward("vlm_yes", model=str(ROOT / "assets/models/toy-vlm"), batch_size=64)
-    expected = torch.full((len(svgs),), -1.0)
+    expected = torch.full((len(svgs),), -1.0 - 2.0)  # a failed SVG: the floor of both parts
     if ok:
         judged = vqa(torch.stack([results[i].image for i in ok]), [prompts[i] for i in ok]).scores
         for k, i in enumerate(ok):

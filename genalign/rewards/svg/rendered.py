@@ -26,6 +26,9 @@ needs: with ``length_weight`` w > 0 the score is ``image reward + w * R_len``, w
 term ``R_len`` (:func:`genalign.rewards.svg.fidelity.length_reward`, in characters) in its
 one-sided form: free up to ``(1 + length_margin)`` times the reference SVG's length (metadata
 ``reference_svgs``, which the ``svg`` strategy hands over), then a quadratic penalty, clipped at -1.
+A failed SVG then gets the floor of both parts, ``min_reward - w`` (as ``svg_fidelity`` gives a
+failed SVG ``min_reward`` on every term), so no SVG that renders, however long, scores below one
+that does not.
 """
 
 from __future__ import annotations
@@ -69,9 +72,10 @@ class SVGRenderedReward(Reward):
         length_margin: the term's free margin over the reference length (0.1: 10% longer is free).
         backend, limits, workers, pool: the renderer's, as ``svg_fidelity``'s.
 
-    ``details``: ``length`` ``[B]`` (the length term, when weighted), ``rendered`` ``[B]`` (1.0 where the SVG rendered), ``failure`` (reason codes or
-    None), ``failure_count``, and the image reward's per-sample tensors under ``image/<key>`` (0 at
-    the failed rows).
+    ``details``: ``length`` ``[B]`` (the length term when weighted; -1 at the failed rows),
+    ``rendered`` ``[B]`` (1.0 where the SVG rendered), ``failure`` (reason codes or None),
+    ``failure_count``, and the image reward's per-sample tensors under ``image/<key>`` (0 at the
+    failed rows).
     """
 
     input_kind = "svg"
@@ -96,7 +100,7 @@ class SVGRenderedReward(Reward):
         size = (canvas, canvas) if isinstance(canvas, int) else tuple(canvas)
         if len(size) != 2 or any(not isinstance(s, int) or s <= 0 for s in size):
             raise ValueError(f"svg_render: canvas must be a positive int or (height, width), got {canvas!r}")
-        if not torch.isfinite(torch.tensor(float(min_reward))):
+        if not math.isfinite(min_reward):
             raise ValueError(f"svg_render: min_reward must be finite, got {min_reward}")
         if not (math.isfinite(length_weight) and length_weight >= 0):
             raise ValueError(f"svg_render: length_weight must be >= 0, got {length_weight}")
@@ -140,8 +144,9 @@ class SVGRenderedReward(Reward):
                     full = torch.zeros(len(svgs), dtype=torch.float32)
                     full[index] = value.detach().float().cpu()
                     details[f"image/{key}"] = full
-        if lengths is not None:
-            scores[index] += self.length_weight * lengths[index]
+        if lengths is not None:  # a failed SVG gets the length term's floor too
+            lengths = torch.where(ok, lengths, torch.full_like(lengths, -1.0))
+            scores += self.length_weight * lengths
             details["length"] = lengths
         failure = [r.error for r in results]
         details |= {
