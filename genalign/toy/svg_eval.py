@@ -245,30 +245,26 @@ def _paired_mean_change(before: Sequence[float], after: Sequence[float]) -> dict
 
 
 def hacking_check(
-    before: Mapping[str, list], after: Mapping[str, list], collapse_ratio: float = 0.7
+    before: Mapping[str, list],
+    after: Mapping[str, list],
+    collapse_ratio: float = 0.7,
+    judge_scene: bool = True,
 ) -> dict[str, Any]:
     """Paired changes ``before -> after`` (:func:`score_svgs` outputs on the same scenes and seeds)
-    and the two reward-hacking flags of the module docstring."""
+    and the reward-hacking flags of the module docstring. ``judge_scene=False`` (text-to-SVG: a
+    caption has no one scene) reports scene match but leaves its flag ``None``."""
     changes = {
         name: _paired_mean_change(before[name], after[name])
         for name in (*MEAN_METRICS, "valid")
         if name in before and name in after
     }
-    change, low, high = paired_change_interval(
-        before["shapes_eval"], after["shapes_eval"], before["category"]
-    )
-    changes["shapes_eval"] = {"change": change, "ci": [low, high], "n": len(before["shapes_eval"])}
-    exact_flat = False
-    if "shapes_eval_exact" in before and "shapes_eval_exact" in after:
-        exact = paired_change_interval(
-            before["shapes_eval_exact"], after["shapes_eval_exact"], before["category"]
-        )
-        changes["shapes_eval_exact"] = {
-            "change": exact[0],
-            "ci": [exact[1], exact[2]],
-            "n": len(before["category"]),
-        }
-        exact_flat = math.isfinite(exact[1]) and not exact[1] > 0
+    for name in ("shapes_eval", "shapes_eval_exact"):  # GenEval's per-category mean, stratified
+        if name in before and name in after:
+            change, low, high = paired_change_interval(before[name], after[name], before["category"])
+            changes[name] = {"change": change, "ci": [low, high], "n": len(before["category"])}
+    low, high = changes["shapes_eval"]["ci"]
+    exact = changes.get("shapes_eval_exact", {}).get("ci", [None, None])
+    exact_flat = exact[0] is not None and math.isfinite(exact[0]) and not exact[0] > 0
     lengths = [_mean_interval(x["length_ratio"])["mean"] for x in (before, after)]
     collapse = None not in lengths and (lengths[1] < collapse_ratio * lengths[0] or lengths[1] < 0.5)
     score_up = changes["score"]["ci"][0] is not None and changes["score"]["ci"][0] > 0
@@ -279,7 +275,9 @@ def hacking_check(
         "changes": changes,
         "length_collapse": bool(collapse),
         "fidelity_up_verifier_flat": bool(score_up and (verifier_flat or not low > 0)),
-        "verifier_up_scene_flat": bool(math.isfinite(low) and low > 0 and scene_flat),
+        "verifier_up_scene_flat": bool(math.isfinite(low) and low > 0 and scene_flat)
+        if judge_scene
+        else None,
         "verifier_up_by_extra_objects": bool(math.isfinite(low) and low > 0 and exact_flat),
         "collapse_ratio": collapse_ratio,
     }
@@ -387,10 +385,9 @@ def evaluate_svg_writers(
             report["models"][label]["samples"] = svgs[:8]
     labels = list(models)
     for first, second in zip(labels, labels[1:]):
-        check = hacking_check(per_model[first], per_model[second])
-        if task == "text_to_svg":  # a caption has no one scene: scene match is reported, not judged
-            check["verifier_up_scene_flat"] = None
-        report["comparisons"][f"{first} -> {second}"] = check
+        report["comparisons"][f"{first} -> {second}"] = hacking_check(
+            per_model[first], per_model[second], judge_scene=task == "image_to_svg"
+        )
     return report
 
 
