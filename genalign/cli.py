@@ -525,12 +525,25 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, letting ``key=value`` overrides sit before, between or after a command's
+    options (``genalign demo recipe.yaml --eval-every 50 train.seed=1``): argparse alone stops
+    collecting a ``nargs="*"`` positional at the first option and rejects what follows."""
+    args, extras = parser.parse_known_args(argv)
+    stray = [e for e in extras if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extras:
+        args.overrides = [*(args.overrides or []), *extras]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from genalign.utils.quiet import silence_startup_noise
 
     silence_startup_noise()  # before any command imports diffusers / transformers
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if getattr(args, "device", "") is None:  # resolved here, not in the parser: --help needs no torch
         args.device = "cuda" if _cuda() else "cpu"
     logging.basicConfig(

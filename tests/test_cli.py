@@ -75,3 +75,20 @@ def test_help_imports_no_heavy_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_overrides_may_follow_a_commands_options(capsys):
+    from genalign.cli import build_parser, parse_command_line
+
+    parser = build_parser()
+    args = parse_command_line(parser, ["demo", "r.yaml", "a.b=1", "--eval-every", "5", "c=-2", "d=x"])
+    assert (args.config, args.eval_every, args.overrides) == ("r.yaml", 5, ["a.b=1", "c=-2", "d=x"])
+    args = parse_command_line(parser, ["train", "r.yaml", "a=1"])
+    assert args.overrides == ["a=1"]
+    for bad in (
+        ["demo", "r.yaml", "--eval-every", "5", "--bogus"],
+        ["demo", "r.yaml", "--eval-every", "5", "x"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_command_line(parser, bad)
+        assert "unrecognized arguments" in capsys.readouterr().err
