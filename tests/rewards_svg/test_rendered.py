@@ -133,7 +133,31 @@ def test_the_length_term_charges_svgs_longer_than_the_reference_by_hand():
         reward(svgs, prompts)
 
 
-@pytest.mark.parametrize(("key", "value"), [("length_weight", -1.0), ("length_margin", float("inf"))])
+def test_the_absolute_length_term_charges_both_sides_linearly_by_hand():
+    inner = Redness()
+    reward = load_reward(
+        "svg_render", reward=inner, length_weight=1.0, length_margin=0.05, length_form="absolute"
+    )
+    circle = BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") : BLUE_CIRCLE.index("</svg>")]
+    one, two, three = (RED_SQUARE.replace("</svg>", circle * k + "</svg>") for k in (0, 1, 2))
+    svgs, references = [one, two, three, one, BROKEN], [two, two, two, three, two]
+    out = reward(svgs, ["a red square"] * 5, reference_svgs=references)
+
+    def by_hand(length, ref):
+        return max(-1.0, 1.0 - max(0.0, abs(length - ref) - 0.05 * ref) / ref)
+
+    expected = [by_hand(len(s), len(r)) for s, r in zip(svgs[:4], references[:4], strict=True)]
+    assert expected[1] == 1.0 and expected[0] < 1.0 and expected[2] < 1.0  # shorter and longer both lose
+    assert abs((1 - expected[2]) - len(circle) / len(two)) < 0.06  # linear: about one shape's share
+    assert torch.allclose(out.details["length"][:4], torch.tensor(expected), atol=1e-6)
+    assert out.details["length"][4] == -1.0
+    plain = load_reward("svg_render", reward=inner)(svgs, ["a red square"] * 5).scores
+    assert torch.allclose(out.scores, plain + out.details["length"], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("length_weight", -1.0), ("length_margin", float("inf")), ("length_form", "cubic")]
+)
 def test_bad_length_settings_are_one_line_errors(key, value):
     with pytest.raises(ValueError, match=key):
         load_reward("svg_render", reward="jpeg_compressibility", **{key: value})

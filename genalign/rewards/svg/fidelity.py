@@ -189,6 +189,21 @@ def length_reward(
     return (reward if low is None else reward.clamp_min(low)).float()
 
 
+def absolute_length_reward(
+    lengths: torch.Tensor, reference_lengths: torch.Tensor, margin: float = 0.0, low: float | None = -1.0
+) -> torch.Tensor:
+    """RLRF's code-efficiency reward as the project page writes it, ``R_eff = -|len(y_hat) - len(y)|``,
+    normalised by the reference and shifted to 1 at the reference length:
+    ``1 - max(0, |L - L_ref| - m L_ref) / L_ref``, clipped below at ``low``. Two-sided and linear:
+    an SVG one shape longer or shorter than the reference loses that shape's share of the reference
+    whatever else it holds, where the quadratic Sec. 3.2 form charges an excess of fraction x only
+    x²; within ``m`` of the reference (a fraction) the length is free."""
+    lengths, reference = lengths.double(), reference_lengths.double().clamp_min(1.0)
+    excess = ((lengths - reference).abs() - margin * reference).clamp_min(0.0)
+    reward = 1.0 - excess / reference
+    return (reward if low is None else reward.clamp_min(low)).float()
+
+
 def embedding_reward(
     encode: Callable[[torch.Tensor], torch.Tensor], predictions: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,10 @@ needs: with ``length_weight`` w > 0 the score is ``image reward + w * R_len``, w
 term ``R_len`` (:func:`genalign.rewards.svg.fidelity.length_reward`, in characters) in its
 one-sided form: free up to ``(1 + length_margin)`` times the reference SVG's length (metadata
 ``reference_svgs``, which the ``svg`` strategy hands over), then a quadratic penalty, clipped at -1.
+``length_form="absolute"`` uses the project page's form instead
+(:func:`genalign.rewards.svg.fidelity.absolute_length_reward`): linear in the distance from the
+reference length, on both sides, free within ``length_margin``; one extra shape then costs its
+share of the reference however many objects the caption asks for.
 A failed SVG then gets the floor of both parts, ``min_reward - w`` (as ``svg_fidelity`` gives a
 failed SVG ``min_reward`` on every term), so no SVG that renders, however long, scores below one
 that does not.
@@ -40,7 +44,7 @@ from typing import Any
 import torch
 
 from genalign.rewards.base import Reward, RewardOutput, load_image_reward, register_reward
-from genalign.rewards.svg.fidelity import length_reward
+from genalign.rewards.svg.fidelity import absolute_length_reward, length_reward
 from genalign.rewards.svg.pool import SVGRenderPool, render_batch
 from genalign.rewards.svg.sanitize import RenderLimits
 
@@ -69,7 +73,11 @@ class SVGRenderedReward(Reward):
             SVGs); other metadata (the ``svg`` strategy's ``targets``, ``reference_svgs``) is not.
         length_weight: the weight of RLRF's one-sided length term (0: off; needs metadata
             ``reference_svgs``).
-        length_margin: the term's free margin over the reference length (0.1: 10% longer is free).
+        length_margin: the term's free margin over the reference length (0.1: 10% longer is free;
+            with ``length_form="absolute"``, 10% longer or shorter).
+        length_form: ``"one_sided"`` (free up to ``1 + length_margin`` times the reference, then
+            quadratic: Sec. 3.2's form with the free zone moved) or ``"absolute"`` (the project
+            page's ``-|L - L_ref|``, normalised: linear on both sides).
         backend, limits, workers, pool: the renderer's, as ``svg_fidelity``'s.
 
     ``details``: ``length`` ``[B]`` (the length term when weighted; -1 at the failed rows),
@@ -89,6 +97,7 @@ class SVGRenderedReward(Reward):
         metadata_keys: Sequence[str] = (),
         length_weight: float = 0.0,
         length_margin: float = 0.1,
+        length_form: str = "one_sided",
         backend: str = "cairosvg",
         limits: RenderLimits | None = None,
         workers: int | None = None,
@@ -106,6 +115,10 @@ class SVGRenderedReward(Reward):
             raise ValueError(f"svg_render: length_weight must be >= 0, got {length_weight}")
         if not (math.isfinite(length_margin) and length_margin >= 0):
             raise ValueError(f"svg_render: length_margin must be >= 0, got {length_margin}")
+        if length_form not in ("one_sided", "absolute"):
+            raise ValueError(
+                f"svg_render: length_form must be 'one_sided' or 'absolute', got {length_form!r}"
+            )
         if isinstance(metadata_keys, str):
             metadata_keys = [metadata_keys]
         self.image_reward = image_reward
@@ -113,6 +126,7 @@ class SVGRenderedReward(Reward):
         self.min_reward = float(min_reward)
         self.metadata_keys = tuple(metadata_keys)
         self.length_weight, self.length_margin = float(length_weight), float(length_margin)
+        self.length_form = length_form
         self.backend = backend
         self.limits = limits or RenderLimits()
         self.workers = workers
@@ -166,6 +180,8 @@ class SVGRenderedReward(Reward):
             )
         lengths = torch.tensor([float(len(svg)) for svg in svgs])
         reference = torch.tensor([float(len(svg)) for svg in reference_svgs])
+        if self.length_form == "absolute":
+            return absolute_length_reward(lengths, reference, margin=self.length_margin, low=-1.0)
         return length_reward(lengths, reference, low=-1.0, free_fraction=1.0 + self.length_margin)
 
     def extra_repr(self) -> str:
