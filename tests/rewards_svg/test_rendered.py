@@ -13,6 +13,7 @@ BLUE_CIRCLE = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><circ
 BLANK = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"></svg>'
 HOSTILE = '<!DOCTYPE svg [<!ENTITY a "aaaaaaaaaa">]><svg xmlns="http://www.w3.org/2000/svg">&a;</svg>'
 BROKEN = "<svg><rect"
+CIRCLE_ELEMENT = BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") : BLUE_CIRCLE.index("</svg>")]  # one more shape
 
 
 class Redness(Reward):
@@ -124,8 +125,7 @@ def test_the_length_term_charges_svgs_longer_than_the_reference_by_hand():
     assert torch.allclose(out.scores[:2], base[:2] + 2.0 * torch.tensor(by_hand), atol=1e-5)
     # a failed render gets the floor of both parts: below any SVG that renders, however long
     assert out.scores[2] == -1.0 - 2.0 and out.details["length"][2] == -1.0
-    circle = BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") : BLUE_CIRCLE.index("</svg>")]
-    far_too_long = RED_SQUARE.replace("</svg>", circle * 6 + "</svg>")
+    far_too_long = RED_SQUARE.replace("</svg>", CIRCLE_ELEMENT * 6 + "</svg>")
     long_out = reward([far_too_long, BROKEN], ["a red square"] * 2, reference_svgs=references[:2])
     assert long_out.details["rendered"].tolist() == [1.0, 0.0]
     assert long_out.details["length"][0] == -1.0 and long_out.scores[0] > long_out.scores[1]
@@ -138,8 +138,7 @@ def test_the_absolute_length_term_charges_both_sides_linearly_by_hand():
     reward = load_reward(
         "svg_render", reward=inner, length_weight=1.0, length_margin=0.05, length_form="absolute"
     )
-    circle = BLUE_CIRCLE[BLUE_CIRCLE.index("<circle") : BLUE_CIRCLE.index("</svg>")]
-    one, two, three = (RED_SQUARE.replace("</svg>", circle * k + "</svg>") for k in (0, 1, 2))
+    one, two, three = (RED_SQUARE.replace("</svg>", CIRCLE_ELEMENT * k + "</svg>") for k in (0, 1, 2))
     svgs, references = [one, two, three, one, BROKEN], [two, two, two, three, two]
     out = reward(svgs, ["a red square"] * 5, reference_svgs=references)
 
@@ -148,7 +147,7 @@ def test_the_absolute_length_term_charges_both_sides_linearly_by_hand():
 
     expected = [by_hand(len(s), len(r)) for s, r in zip(svgs[:4], references[:4], strict=True)]
     assert expected[1] == 1.0 and expected[0] < 1.0 and expected[2] < 1.0  # shorter and longer both lose
-    assert abs((1 - expected[2]) - len(circle) / len(two)) < 0.06  # linear: about one shape's share
+    assert abs((1 - expected[2]) - len(CIRCLE_ELEMENT) / len(two)) < 0.06  # linear: about one shape's share
     assert torch.allclose(out.details["length"][:4], torch.tensor(expected), atol=1e-6)
     assert out.details["length"][4] == -1.0
     plain = load_reward("svg_render", reward=inner)(svgs, ["a red square"] * 5).scores
