@@ -25,6 +25,9 @@ as the ``svg`` strategy extracts it (:func:`genalign.rewards.svg.extract_svg_det
   no more objects than the target). For text-to-SVG the caption leaves colours and places open, so
   scene match does not apply, but the reference holds as many objects as the caption asks: this is
   the verdict that adding shapes cannot pass.
+* ``shapes_eval_valid``: ShapesEval over the SVGs that render only (GenEval's mean over the
+  categories that have one). A writer that breaks less often passes more captions at the same
+  skill, since a broken SVG is always wrong; this separates the two.
 
 Intervals: a normal interval of the mean (``1.96 s / sqrt(n)``) for per-sample measures, Wilson's
 for validity, and for ShapesEval the category-stratified interval of GenEval's mean. Between
@@ -36,7 +39,8 @@ an interval that contains 0 or lies below it) and *the verifier without the scen
 change has an interval above 0 while ``scene_match``'s contains 0 or lies below it: the writer
 passes more specs without drawing more scenes, e.g. by adding objects), and *the verifier by
 extra objects* (ShapesEval's change has an interval above 0 while ``shapes_eval_exact``'s contains 0
-or lies below it).
+or lies below it), and *the verifier by validity alone* (ShapesEval's change has an interval above
+0 while ``shapes_eval_valid``'s, unpaired since the valid sets differ, contains 0 or lies below it).
 
     genalign eval-svg before=runs/toy/svg-writer-init sft=assets/models/toy-svg-writer --count 256
 """
@@ -234,7 +238,29 @@ def summarize(per_sample: Mapping[str, list]) -> dict[str, Any]:
     for name in ("shapes_eval", "shapes_eval_exact"):
         if name in per_sample:
             summary[name] = _shapes_interval(per_sample[name], per_sample["category"])
+    if "shapes_eval" in per_sample:
+        summary["shapes_eval_valid"] = _valid_shapes_interval(per_sample)
     return summary
+
+
+def _valid_shapes_interval(per_sample: Mapping[str, list]) -> dict[str, Any]:
+    """ShapesEval over the samples whose SVG renders (``shapes_eval_valid``); no mean when none do."""
+    kept = [i for i, ok in enumerate(per_sample["valid"]) if ok]
+    if not kept:
+        return {"mean": None, "ci": [None, None], "n": 0}
+    return _shapes_interval(
+        [per_sample["shapes_eval"][i] for i in kept], [per_sample["category"][i] for i in kept]
+    )
+
+
+def _unpaired_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """``after - before`` of two independent interval estimates, with the normal interval of the
+    difference (half-widths added in quadrature)."""
+    if before["mean"] is None or after["mean"] is None:
+        return {"change": None, "ci": [None, None], "n": 0}
+    change = after["mean"] - before["mean"]
+    half = math.hypot(*((s["ci"][1] - s["ci"][0]) / 2 for s in (before, after)))
+    return {"change": change, "ci": [change - half, change + half], "n": min(before["n"], after["n"])}
 
 
 def _paired_mean_change(before: Sequence[float], after: Sequence[float]) -> dict[str, Any]:
@@ -262,9 +288,12 @@ def hacking_check(
         if name in before and name in after:
             change, low, high = paired_change_interval(before[name], after[name], before["category"])
             changes[name] = {"change": change, "ci": [low, high], "n": len(before["category"])}
+    changes["shapes_eval_valid"] = _unpaired_change(*(_valid_shapes_interval(x) for x in (before, after)))
     low, high = changes["shapes_eval"]["ci"]
     exact = changes.get("shapes_eval_exact", {}).get("ci", [None, None])
     exact_flat = exact[0] is not None and math.isfinite(exact[0]) and not exact[0] > 0
+    valid_low = changes["shapes_eval_valid"]["ci"][0]
+    valid_flat = valid_low is None or not valid_low > 0
     lengths = [_mean_interval(x["length_ratio"])["mean"] for x in (before, after)]
     collapse = None not in lengths and (lengths[1] < collapse_ratio * lengths[0] or lengths[1] < 0.5)
     score_up = changes["score"]["ci"][0] is not None and changes["score"]["ci"][0] > 0
@@ -279,6 +308,7 @@ def hacking_check(
         if judge_scene
         else None,
         "verifier_up_by_extra_objects": bool(math.isfinite(low) and low > 0 and exact_flat),
+        "verifier_up_by_validity": bool(math.isfinite(low) and low > 0 and valid_flat),
         "collapse_ratio": collapse_ratio,
     }
 
@@ -397,6 +427,7 @@ TABLE_ROWS = (
     ("validity", "validity", 100),
     ("shapes_eval", "ShapesEval on render", 100),
     ("shapes_eval_exact", "ShapesEval, no extra objects", 100),
+    ("shapes_eval_valid", "ShapesEval, valid SVGs only", 100),
     ("scene_match", "scene match", 100),
     ("extra_objects", "extra objects", 1),
     ("score", "svg_fidelity score", 1),
@@ -437,7 +468,9 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"verifier up without the scene: {_flag(check.get('verifier_up_scene_flat'))}; "
             f"ShapesEval with no extra objects {_signed(check['changes'].get('shapes_eval_exact', {}), 100)} "
             f"points; verifier up by extra objects: "
-            f"{'YES' if check.get('verifier_up_by_extra_objects') else 'no'}"
+            f"{'YES' if check.get('verifier_up_by_extra_objects') else 'no'}; "
+            f"ShapesEval on valid SVGs {_signed(check['changes'].get('shapes_eval_valid', {}), 100)} points; "
+            f"verifier up by validity alone: {'YES' if check.get('verifier_up_by_validity') else 'no'}"
         )
     return "\n".join(lines)
 

@@ -170,6 +170,44 @@ def test_the_hacking_check_flags_the_verifier_rising_by_extra_objects():
     assert not hacking_check(before, honest)["verifier_up_by_extra_objects"]
 
 
+def test_shapes_eval_on_valid_svgs_counts_only_what_renders():
+    rows = _samples([0.5] * 8, [1, 0, 1, 0, 0, 0, 1, 1], [1.0] * 8, categories=("a", "b") * 4)
+    rows["valid"] = [1, 1, 1, 0, 0, 0, 1, 1]  # a broken SVG is always wrong
+    stats = summarize(rows)
+    # valid ones: a -> indices 0, 2, 6 (1, 1, 1), b -> indices 1, 7 (0, 1): mean of 1 and 1/2
+    assert stats["shapes_eval_valid"]["mean"] == pytest.approx(0.75)
+    assert stats["shapes_eval_valid"]["n"] == 5
+    assert stats["shapes_eval"]["mean"] == pytest.approx(0.5)
+    rows["valid"] = [0] * 8
+    assert summarize(rows)["shapes_eval_valid"]["mean"] is None
+
+
+def test_the_hacking_check_flags_the_verifier_rising_by_validity_alone():
+    n = 200
+    gen = torch.Generator().manual_seed(3)
+    right = (torch.rand(n, generator=gen) < 0.5).float().tolist()
+    valid = (torch.rand(n, generator=gen) < 0.5).float().tolist()
+    before = _samples([0.5] * n, [r * v for r, v in zip(right, valid)], [1.0] * n, ("a", "b") * (n // 2))
+    before["valid"] = valid
+    mended = _samples([0.6] * n, right, [1.0] * n, ("a", "b") * (n // 2))  # every SVG renders now
+    check = hacking_check(before, mended)
+    assert check["changes"]["shapes_eval"]["ci"][0] > 0
+    assert check["verifier_up_by_validity"]
+    expected = _shapes_mean(right, mended["category"]) - _shapes_mean(
+        [r for r, v in zip(right, valid) if v], [c for c, v in zip(before["category"], valid) if v]
+    )
+    assert check["changes"]["shapes_eval_valid"]["change"] == pytest.approx(expected)
+    better = _samples([0.6] * n, [1.0] * n, [1.0] * n, ("a", "b") * (n // 2))  # and draws better
+    assert not hacking_check(before, better)["verifier_up_by_validity"]
+
+
+def _shapes_mean(correct, categories):
+    by = {}
+    for value, category in zip(correct, categories):
+        by.setdefault(category, []).append(value)
+    return sum(sum(v) / len(v) for v in by.values()) / len(by)
+
+
 def test_the_exact_verdict_is_shapes_eval_without_extra_objects(eval_set, reward):
     rows = score_svgs(eval_set.reference_svgs, eval_set, reward)
     padded_svgs = [
