@@ -19,7 +19,10 @@ renders it for ShapesEval (the verifier; never a reward), then reports, per term
 ``--semantic NAME=FOLDER`` (repeatable) also scores with another image tower for the semantic term
 (an open_clip folder, e.g. ``assets/models/toy-dreamsim``): columns ``semantic:NAME`` and
 ``score:NAME`` (the recipe's weights with that tower). ``--truth scene`` ranks against scene match
-(the render holds exactly the target's objects) instead of ShapesEval's verdict.
+(the render holds exactly the target's objects) instead of ShapesEval's verdict. ``--judge
+NAME=FOLDER`` (repeatable) adds a pair judge's term (``svg_fidelity``'s ``judge``, ``2 p - 1``, the
+floor for a failed SVG) as ``judge:NAME``, and ``score:NAME+judgeW``: the recipe's four terms plus
+the judge at weight ``--judge-weight`` W.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def ranking_rows(
     split: str,
     semantic: dict[str, str] | None = None,
     truth: str = "correct",
+    judges: dict[str, str] | None = None,
+    judge_weight: float = 4.0,
 ) -> list[dict]:
     """One row per completion: scene id, category, verifier verdict, scene match and every reward
     term (``semantic``: more image towers, ``{name: folder}``); ``correct`` is ``truth``'s verdict."""
@@ -77,6 +82,13 @@ def ranking_rows(
             svgs, repeated.prompts, targets=repeated.images, reference_svgs=repeated.reference_svgs
         )
         extra[name] = {"semantic": out.details["semantic"].tolist(), "score": out.scores.tolist()}
+    judged = {}
+    for name, folder in (judges or {}).items():
+        from genalign.rewards import load_reward
+
+        reward = load_reward("svg_fidelity", weights={"image": 1.0, "judge": 1.0}, judge=folder)
+        out = reward(svgs, repeated.prompts, targets=repeated.images, reference_svgs=repeated.reference_svgs)
+        judged[name] = out.details["judge"].tolist()
     verdict = {"correct": "shapes_eval", "scene": "scene_match"}[truth]
     rows = []
     for k, scene in enumerate(index):
@@ -85,6 +97,12 @@ def ranking_rows(
         row |= {term: measures[term][k] for term in TERMS if term in measures}
         for name, other in extra.items():
             row |= {f"semantic:{name}": other["semantic"][k], f"score:{name}": other["score"][k]}
+        for name, values in judged.items():
+            four = sum(measures[t][k] for t in ("image", "edge", "semantic", "length"))
+            row[f"judge:{name}"] = values[k]
+            row[f"score:{name}+judge{judge_weight:g}"] = (four + judge_weight * values[k]) / (
+                4 + judge_weight
+            )
         rows.append(row)
     return rows
 
@@ -143,20 +161,39 @@ def main(argv: list[str] | None = None) -> int:
         help="also score with this open_clip folder as the semantic term's tower (repeatable)",
     )
     parser.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="also score with this pair judge folder (svg_fidelity's judge term; repeatable)",
+    )
+    parser.add_argument(
+        "--judge-weight", type=float, default=4.0, help="the judge's weight in score:NAME+judgeW"
+    )
+    parser.add_argument(
         "--truth",
         choices=("correct", "scene"),
         default="correct",
         help="rank against ShapesEval's verdict or scene match",
     )
     args = parser.parse_args(argv)
-    if any("=" not in item for item in args.semantic):
-        parser.error("--semantic takes NAME=FOLDER")
+    if any("=" not in item for item in args.semantic + args.judge):
+        parser.error("--semantic and --judge take NAME=FOLDER")
     if args.scenes <= 0 or args.group < 2:
         parser.error("--scenes must be positive and --group at least 2")
     torch.set_num_threads(args.threads)
     semantic = dict(item.split("=", 1) for item in args.semantic)
     rows = ranking_rows(
-        args.model, args.scenes, args.group, args.temperature, args.seed, args.split, semantic, args.truth
+        args.model,
+        args.scenes,
+        args.group,
+        args.temperature,
+        args.seed,
+        args.split,
+        semantic,
+        args.truth,
+        dict(item.split("=", 1) for item in args.judge),
+        args.judge_weight,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")

@@ -71,3 +71,24 @@ def test_another_semantic_tower_and_scene_match_as_the_truth(tmp_path, capsys, b
     assert {"semantic:again", "score:again"} <= set(printed)
     with pytest.raises(SystemExit):
         bench.main(["--semantic", "no-equals-sign"])
+
+
+def test_a_pair_judge_column_and_its_weighted_score(tmp_path, capsys, bench):
+    pytest.importorskip("open_clip")
+    import torch
+
+    from genalign.rewards.svg.judge import PairJudge
+
+    torch.manual_seed(0)
+    PairJudge(width=8, embed=16, hidden=16).save(tmp_path / "judge", extra={"image_size": 32})
+    out = tmp_path / "rows.json"
+    argv = ["--scenes", "3", "--group", "2", "--out", str(out), "--judge", f"j={tmp_path / 'judge'}"]
+    assert bench.main([*argv, "--judge-weight", "2"]) == 0
+    rows = json.loads(out.read_text())
+    for r in rows:
+        assert -1.0 <= r["judge:j"] <= 1.0
+        four = r["image"] + r["edge"] + r["semantic"] + r["length"]
+        assert r["score:j+judge2"] == pytest.approx((four + 2 * r["judge:j"]) / 6, abs=1e-6)
+    assert {"judge:j", "score:j+judge2"} <= set(json.loads(capsys.readouterr().out))
+    with pytest.raises(SystemExit):
+        bench.main(["--judge", "no-equals-sign"])

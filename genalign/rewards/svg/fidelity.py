@@ -19,6 +19,12 @@ image ``I``; with ``Î`` the render, the reward is a weighted combination of:
   ``match_threshold``, else 0, i.e. the embedder's same-image decision. The semantic term pays a
   near miss almost as much as an exact render; this term gives the exact render a step, as the
   toy world's oracle does (docs/language.md section 5.6). Needs the embedder.
+- **judge** (not in the paper; off unless weighted): ``2 p - 1`` with ``p`` a pair judge's
+  probability that the render shows the same objects as the target
+  (:class:`~genalign.rewards.svg.judge.PairJudge`, or any callable ``(renders, targets) -> [B]``
+  in [0, 1]): the learned form of the oracle's step for the exact answer (docs/language.md
+  section 5.10). ``judge_log_floor=L`` grades the misses instead: ``1 + 2 max(log p, -L) / L``,
+  1 for a sure match, -1 at ``p <= e^-L``, so a near miss the judge doubts less scores higher.
 - **length** (code efficiency): ``R_len = 1 - ((1/L_ref) max(0, L - L_ref/2))²`` with L the
   length of the SVG and L_ref that of the ground-truth SVG: free up to half the reference, then
   a quadratic penalty (0.75 at L = L_ref, 0 at 1.5 L_ref). RLRF leaves it unbounded below; here it
@@ -42,6 +48,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,8 +61,8 @@ from genalign.rewards.svg.sanitize import RenderLimits
 
 logger = logging.getLogger(__name__)
 
-TERMS = ("image", "edge", "semantic", "length", "match")
-DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0, "match": 0.0}
+TERMS = ("image", "edge", "semantic", "length", "match", "judge")
+DEFAULT_WEIGHTS = {"image": 1.0, "edge": 1.0, "semantic": 1.0, "length": 1.0, "match": 0.0, "judge": 0.0}
 
 
 # -- the terms (pure functions on tensors) ---------------------------------------------------------
@@ -232,6 +239,18 @@ def _resolve_embedder(embedder: Any, embedder_kwargs: Mapping[str, Any] | None) 
     return embedder
 
 
+def _resolve_judge(judge: Any) -> Any:
+    if judge is None:
+        return None
+    if isinstance(judge, (str, Path)):
+        from genalign.rewards.svg.judge import load_pair_judge
+
+        return load_pair_judge(judge)
+    if not callable(judge):
+        raise TypeError(f"svg_fidelity judge must be a folder or a callable, got {type(judge).__name__}")
+    return judge
+
+
 @register_reward("svg_fidelity")
 class SVGFidelityReward(Reward):
     """RLRF rendering-feedback reward (Rodriguez et al. 2025, Sec. 3.2); see the module docstring.
@@ -245,8 +264,8 @@ class SVGFidelityReward(Reward):
     - ``reference_lengths``: B reference lengths (override the ones measured on reference_svgs).
 
     Args:
-        weights: per-term weights, keys from ``("image", "edge", "semantic", "length", "match")``;
-            missing keys keep their default (1.0; ``match`` 0.0); a 0 weight switches a term off.
+        weights: per-term weights, keys from :data:`TERMS`; missing keys keep their default
+            (1.0; ``match`` and ``judge`` 0.0); a 0 weight switches a term off.
         embedder: None (semantic term off), ``"clip"`` (``load_reward("clip", **embedder_kwargs)``
             and its image tower), an object with ``encode_images(images) -> [B, D]``, or any
             callable ``images [B, 3, H, W] in [0, 1] -> [B, D]``.
@@ -265,10 +284,14 @@ class SVGFidelityReward(Reward):
         edge_thresholds: Canny ``(low, high)`` hysteresis thresholds on gradient magnitude.
         match_threshold: the ``match`` term's embedding distance ``1 - cos`` below which a render
             counts as the target (in (0, 2)).
+        judge: the ``judge`` term's pair judge: a folder (``local-dir:`` accepted) of a
+            :class:`~genalign.rewards.svg.judge.PairJudge`, or a callable ``(renders, targets)``
+            -> P(same) ``[B]``; needed when ``weights["judge"] > 0``.
+        judge_log_floor: None for the term ``2p - 1``; L > 0 for ``1 + 2 max(log p, -L) / L``.
 
     Scores: ``[B]`` in ``[min_reward, 1]``; not differentiable (rendering is not).
-    Details: ``"image"``, ``"edge"``, ``"semantic"``, ``"length"``, ``"match"`` (the active
-    terms' rewards, ``[B]``), raw ``"image_mse"``, ``"edge_mse"``, ``"cosine"``, ``"length_ratio"`` (``[B]``, NaN
+    Details: the active terms' rewards (``[B]`` each, named as in :data:`TERMS`), raw
+    ``"image_mse"``, ``"edge_mse"``, ``"cosine"``, ``"judge_probability"``, ``"length_ratio"`` (``[B]``, NaN
     where the SVG failed), ``"failure"`` (B reason codes or None), ``"failure_count"``,
     ``"render_backend"`` (B renderer names), ``"weights"`` (active terms and their weights).
     """
@@ -292,6 +315,8 @@ class SVGFidelityReward(Reward):
         min_reward: float = -1.0,
         edge_thresholds: tuple[float, float] = (0.04, 0.1),
         match_threshold: float = 0.05,
+        judge: Any = None,
+        judge_log_floor: float | None = None,
         strict: bool = False,
     ) -> None:
         super().__init__(strict=strict)
@@ -302,14 +327,17 @@ class SVGFidelityReward(Reward):
         if any(w < 0 for w in self.weights.values()):
             raise ValueError(f"svg_fidelity weights must be >= 0, got {self.weights}")
         self.embedder = _resolve_embedder(embedder, embedder_kwargs)
+        self.judge = _resolve_judge(judge)
         if (
             self.weights["image"]
             + self.weights["edge"]
             + (self.weights["semantic"] if self.embedder is not None else 0)
+            + (self.weights["judge"] if self.judge is not None else 0)
             <= 0
         ):
             raise ValueError(
-                "svg_fidelity needs a positive weight on 'image', 'edge' or 'semantic' (with an embedder)"
+                "svg_fidelity needs a positive weight on 'image', 'edge', 'semantic' (with an embedder) "
+                "or 'judge' (with a judge)"
             )
         if self.weights["match"] > 0 and self.embedder is None:
             raise ValueError(
@@ -318,6 +346,13 @@ class SVGFidelityReward(Reward):
         if not 0 < match_threshold < 2:
             raise ValueError(f"svg_fidelity match_threshold must be in (0, 2), got {match_threshold}")
         self.match_threshold = float(match_threshold)
+        if judge_log_floor is not None and not (math.isfinite(judge_log_floor) and judge_log_floor > 0):
+            raise ValueError(f"svg_fidelity judge_log_floor must be None or > 0, got {judge_log_floor}")
+        self.judge_log_floor = None if judge_log_floor is None else float(judge_log_floor)
+        if self.weights["judge"] > 0 and self.judge is None:
+            raise ValueError(
+                "svg_fidelity: the 'judge' term needs a judge (a PairJudge folder or a callable)"
+            )
         if length_margin is not None and not (math.isfinite(length_margin) and length_margin >= 0):
             raise ValueError(f"svg_fidelity length_margin must be None or >= 0, got {length_margin}")
         if not -1.0 <= min_reward <= 0.0:
@@ -400,12 +435,15 @@ class SVGFidelityReward(Reward):
             active.pop("match", None)
         if reference is None:
             active.pop("length", None)
+        if self.judge is None:
+            active.pop("judge", None)
         floor = self.min_reward
         terms = {name: torch.full((batch,), floor, device=device) for name in active}
         raw = {
             "image_mse": torch.full((batch,), math.nan, device=device),
             "edge_mse": torch.full((batch,), math.nan, device=device),
             "cosine": torch.full((batch,), math.nan, device=device),
+            "judge_probability": torch.full((batch,), math.nan, device=device),
         }
         if len(ok_index):
             renders = torch.stack([results[i].image for i in ok_index.tolist()]).to(device)  # (b, 3, H, W)
@@ -427,6 +465,21 @@ class SVGFidelityReward(Reward):
                     terms["semantic"][ok_index] = reward.to(device)
                 if "match" in active:
                     terms["match"][ok_index] = (1.0 - cosine < self.match_threshold).float().to(device)
+            if self.judge is not None:
+                judge = getattr(self.judge, "probability", self.judge)
+                with torch.no_grad():
+                    probability = judge(renders, wanted).float().flatten().to(device)
+                if probability.numel() != len(ok_index) or not torch.isfinite(probability).all():
+                    raise ValueError("svg_fidelity: the judge must return one finite probability per render")
+                probability = probability.clamp(0.0, 1.0)
+                raw["judge_probability"][ok_index] = probability
+                if "judge" in active:
+                    if self.judge_log_floor is None:
+                        terms["judge"][ok_index] = 2.0 * probability - 1.0
+                    else:
+                        floor_log = self.judge_log_floor
+                        log_p = probability.double().clamp_min(1e-300).log().clamp_min(-floor_log)
+                        terms["judge"][ok_index] = (1.0 + 2.0 * log_p / floor_log).float()
         lengths = torch.tensor(
             [self.length_fn(s) if isinstance(s, str) else 0 for s in svgs], dtype=torch.float64
         )

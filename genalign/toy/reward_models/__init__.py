@@ -60,6 +60,10 @@ image tower fine-tuned with DreamSim's 2AFC hinge loss on scene edits (its own r
 ``python -m genalign.toy.reward_models.similarity --out DIR``; not shipped). Its scenes come from
 the train prompts, but an edit (a colour or shape changed, an object added) can draw a
 combination of the held-out set, so it is not a clean reward for ``unseen_combinations`` studies.
+
+``scene_judge`` -- toy-scene-judge, a pair judge of "same objects" for ``svg_fidelity``'s ``judge``
+term (:class:`genalign.rewards.svg.judge.PairJudge`), trained on the same scene edits
+(``python -m genalign.toy.reward_models.scene_judge --out DIR``; not shipped; the same caveat).
 """
 
 from __future__ import annotations
