@@ -7,6 +7,12 @@ split, ``ref`` and ``same`` are two jitters of its objects (label 1), ``edit1`` 
 a second edit on top (label 0). No detector and no verifier is involved: the labels are the edits.
 Binary cross-entropy; the pair losses are weighted so that positives and negatives weigh the same.
 
+``target="f1"`` (the recipe field) trains the same model on a graded answer instead: the F1 of the
+two object multisets, ``2 |A ∩ B| / (|A| + |B|)`` (1 for the same objects, 0.5 when one of two
+objects differs), as a soft target over five pairs per item (ref-same, ref-edit1, same-edit1,
+ref-edit2, edit1-edit2). Its ``p`` is then partial credit per object, the learned form of the toy
+oracle's F1 version (docs/language.md 5.5).
+
 The decision it learns is the one the toy oracle's ``scene`` mode pays for (the render holds the
 target's objects), which is what a reward with the oracle's shape needs (docs/language.md 5.6).
 
@@ -56,6 +62,7 @@ class JudgeRecipe:
     weight_decay: float = 1e-4
     warmup: int = 50
     flip: bool = True  # mirror each image left-right at random (the objects' multiset is unchanged)
+    target: str = "same"  # "same" (P(same objects)) or "f1" (the multisets' F1, module docstring)
     log_every: int = 100
 
 
@@ -68,8 +75,58 @@ def _flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.where(mask[:, None, None, None], images.flip(-1), images)
 
 
+F1_PAIRS = (("ref", "same"), ("ref", "edit1"), ("same", "edit1"), ("ref", "edit2"), ("edit1", "edit2"))
+
+
+def multiset_f1(a: Sequence[Any], b: Sequence[Any]) -> float:
+    """``2 |A ∩ B| / (|A| + |B|)`` of two multisets given as lists."""
+    rest, common = list(b), 0
+    for item in a:
+        if item in rest:
+            rest.remove(item)
+            common += 1
+    return 2.0 * common / max(len(a) + len(b), 1)
+
+
+def render_views_f1(
+    count: int, seed: int, split: str = "train", canvas: int = 32, shift: float = 0.15, scale: float = 0.25
+) -> dict[str, torch.Tensor]:
+    """:func:`render_views`' items plus ``"f1"`` ``[count, 5]``: the multiset F1 of each pair
+    of :data:`F1_PAIRS`, from the scenes themselves."""
+    from genalign.rewards.svg import render_local
+    from genalign.toy.reward_models.similarity import object_multiset, triplet_views
+    from genalign.toy.svg_tasks import scene_svg, toy_svg_records
+
+    rng = np.random.default_rng(seed + 1)
+    renders: dict[str, list[torch.Tensor]] = {name: [] for name in VIEWS}
+    f1 = []
+    for _, _, scene in toy_svg_records(count, seed=seed, split=split, canvas=canvas):
+        views = triplet_views(scene, rng, shift, scale)
+        sets = {name: object_multiset(view) for name, view in views.items()}
+        f1.append([multiset_f1(sets[a], sets[b]) for a, b in F1_PAIRS])
+        for name, view in views.items():
+            result = render_local(scene_svg(view, canvas, "canonical"), canvas, canvas)
+            if not result.ok:
+                raise RuntimeError(f"a toy scene failed to render ({result.error})")
+            renders[name].append(result.image)
+    return {**{name: torch.stack(images) for name, images in renders.items()}, "f1": torch.tensor(f1)}
+
+
+def f1_pair_loss(judge: PairJudge, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """``target="f1"``: soft binary cross-entropy of the five pairs' logits against their F1."""
+    n = views["ref"].shape[0]
+    embedded = dict(zip(VIEWS, judge.embed(torch.cat([views[k] for k in VIEWS])).split(n), strict=True))
+    logits = torch.stack([judge.compare(embedded[a], embedded[b]) for a, b in F1_PAIRS], dim=1)  # (n, 5)
+    targets = views["f1"].float()
+    loss = F.binary_cross_entropy_with_logits(logits, targets)
+    error = (torch.sigmoid(logits) - targets).abs()
+    return loss, {"acc_same": (error[:, 0] < 0.25).float().mean().item(), "f1_mae": error.mean().item()}
+
+
 def pair_loss(judge: PairJudge, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
     """The judge's loss on one batch of views (module docstring) and its pair accuracies."""
+    if "f1" in views:
+        return f1_pair_loss(judge, views)
     n = views["ref"].shape[0]
     ref, same, edit1, edit2 = judge.embed(torch.cat([views[k] for k in VIEWS])).split(n)
     a = torch.cat([ref, ref, same, ref])
@@ -88,13 +145,19 @@ def pair_loss(judge: PairJudge, views: dict[str, torch.Tensor]) -> tuple[torch.T
 
 def train_judge(recipe: JudgeRecipe, views: dict[str, torch.Tensor] | None = None) -> tuple[PairJudge, list]:
     """Train a judge; ``views`` (``{view: [N, 3, H, W]}``, uint8 or [0, 1]) skips rendering."""
+    if recipe.target not in ("same", "f1"):
+        raise ValueError(f"JudgeRecipe.target must be 'same' or 'f1', got {recipe.target!r}")
     torch.manual_seed(recipe.seed)
     if views is None:
-        views = render_views(
-            recipe.scenes, recipe.data_seed, "train", recipe.canvas, recipe.shift, recipe.scale
-        )
-    views = _as_float(views)
-    count = next(iter(views.values())).shape[0]
+        render = render_views_f1 if recipe.target == "f1" else render_views
+        views = render(recipe.scenes, recipe.data_seed, "train", recipe.canvas, recipe.shift, recipe.scale)
+    if recipe.target == "f1" and "f1" not in views:
+        raise ValueError("JudgeRecipe.target='f1' needs views with an 'f1' entry (render_views_f1)")
+    if recipe.target == "same":
+        views = {k: v for k, v in views.items() if k != "f1"}
+    f1 = views.get("f1")
+    views = _as_float({k: v for k, v in views.items() if k != "f1"})
+    count = views["ref"].shape[0]
     judge = PairJudge(recipe.width, recipe.embed, recipe.hidden)
     judge.config["image_size"] = recipe.canvas
     optimizer = torch.optim.AdamW(judge.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -109,6 +172,8 @@ def train_judge(recipe: JudgeRecipe, views: dict[str, torch.Tensor] | None = Non
         batch = {k: v[index] for k, v in views.items()}
         if recipe.flip:
             batch = {k: _flip(v, generator) for k, v in batch.items()}
+        if f1 is not None:
+            batch["f1"] = f1[index]
         loss, accuracy = pair_loss(judge, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -117,12 +182,14 @@ def train_judge(recipe: JudgeRecipe, views: dict[str, torch.Tensor] | None = Non
         history.append({"step": step, "loss": loss.item(), **accuracy})
         if recipe.log_every and (step + 1) % recipe.log_every == 0:
             recent = history[-recipe.log_every :]
+            second = "acc_edit1" if "acc_edit1" in recent[0] else "f1_mae"
             logger.info(
-                "step %d loss %.4f same %.3f edit1 %.3f (%.0f s)",
+                "step %d loss %.4f same %.3f %s %.3f (%.0f s)",
                 step + 1,
                 float(np.mean([h["loss"] for h in recent])),
                 float(np.mean([h["acc_same"] for h in recent])),
-                float(np.mean([h["acc_edit1"] for h in recent])),
+                second,
+                float(np.mean([h[second] for h in recent])),
                 time.time() - started,
             )
     return judge.eval(), history
@@ -133,11 +200,13 @@ def evaluate_judge(
     judge: PairJudge, items: int = 512, splits: dict[str, int] | None = None
 ) -> dict[str, Any]:
     """Accuracy on fresh items of each split: same pairs called same, one-edit and two-edit pairs
-    called different, with the jitter the judge was trained with."""
+    called different, with the jitter the judge was trained with; and the mean absolute error of
+    ``p`` against the pairs' multiset F1 (what a ``target="f1"`` judge predicts)."""
     shift, scale = float(judge.config.get("shift", 0.15)), float(judge.config.get("scale", 0.25))
     out: dict[str, Any] = {}
     for split, seed in (splits or EVAL_SPLITS).items():
-        views = render_views(items, seed, split, int(judge.config.get("image_size", 32)), shift, scale)
+        views = render_views_f1(items, seed, split, int(judge.config.get("image_size", 32)), shift, scale)
+        predicted = torch.stack([judge.probability(views[a], views[b]) for a, b in F1_PAIRS], dim=1)
         p_same = judge.probability(views["ref"], views["same"])
         p_edit1 = judge.probability(views["ref"], views["edit1"])
         p_edit2 = judge.probability(views["ref"], views["edit2"])
@@ -146,12 +215,18 @@ def evaluate_judge(
             "edit1": round(float((p_edit1 < 0.5).float().mean()), 4),
             "edit2": round(float((p_edit2 < 0.5).float().mean()), 4),
             "auc_same_vs_edit1": round(float((p_same[:, None] > p_edit1[None, :]).float().mean()), 4),
+            "f1_mae": round(float((predicted - views["f1"]).abs().mean()), 4),
         }
     return out
 
 
 def save_judge(judge: PairJudge, recipe: JudgeRecipe, folder: str | Path, scores: dict | None = None) -> Path:
-    extra = {"shift": recipe.shift, "scale": recipe.scale, "image_size": recipe.canvas}
+    extra = {
+        "shift": recipe.shift,
+        "scale": recipe.scale,
+        "image_size": recipe.canvas,
+        "target": recipe.target,
+    }
     folder = judge.save(folder, extra=extra)
     card = {"recipe": asdict(recipe), "parameters": parameter_count(judge), "scores": scores or {}}
     (folder / "card.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -164,12 +239,13 @@ def save_judge(judge: PairJudge, recipe: JudgeRecipe, folder: str | Path, scores
         "",
         f"Parameters: {parameter_count(judge):,}. Recipe: `{json.dumps(asdict(recipe))}`.",
         "",
-        "| split | same called same | one edit called different | two edits | AUC same vs one edit |",
-        "|---|---|---|---|---|",
+        "| split | same called same | one edit called different | two edits | AUC same vs one edit | F1 error |",
+        "|---|---|---|---|---|---|",
     ]
     for split, row in (scores or {}).items():
         lines.append(
-            f"| {split} | {row['same']:.3f} | {row['edit1']:.3f} | {row['edit2']:.3f} | {row['auc_same_vs_edit1']:.3f} |"
+            f"| {split} | {row['same']:.3f} | {row['edit1']:.3f} | {row['edit2']:.3f} "
+            f"| {row['auc_same_vs_edit1']:.3f} | {row['f1_mae']:.3f} |"
         )
     (folder / "README.md").write_text("\n".join(lines) + "\n")
     return folder
