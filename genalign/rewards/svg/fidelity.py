@@ -404,6 +404,19 @@ class SVGFidelityReward(Reward):
         return lengths
 
     # -- scoring -----------------------------------------------------------------------------------
+    def _judge_term(self, renders: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The judge's P(same) ``[b]`` and the ``judge`` term (module docstring) for ``b`` renders."""
+        judge = getattr(self.judge, "probability", self.judge)
+        with torch.no_grad():
+            probability = judge(renders, targets).float().flatten()
+        if probability.numel() != renders.shape[0] or not torch.isfinite(probability).all():
+            raise ValueError("svg_fidelity: the judge must return one finite probability per render")
+        probability = probability.clamp(0.0, 1.0)
+        if self.judge_log_floor is None:
+            return probability, 2.0 * probability - 1.0
+        log_p = probability.double().clamp_min(1e-300).log().clamp_min(-self.judge_log_floor)
+        return probability, (1.0 + 2.0 * log_p / self.judge_log_floor).float()
+
     def score(
         self,
         images: Sequence[str],
@@ -466,20 +479,10 @@ class SVGFidelityReward(Reward):
                 if "match" in active:
                     terms["match"][ok_index] = (1.0 - cosine < self.match_threshold).float().to(device)
             if self.judge is not None:
-                judge = getattr(self.judge, "probability", self.judge)
-                with torch.no_grad():
-                    probability = judge(renders, wanted).float().flatten().to(device)
-                if probability.numel() != len(ok_index) or not torch.isfinite(probability).all():
-                    raise ValueError("svg_fidelity: the judge must return one finite probability per render")
-                probability = probability.clamp(0.0, 1.0)
-                raw["judge_probability"][ok_index] = probability
+                probability, value = self._judge_term(renders, wanted)
+                raw["judge_probability"][ok_index] = probability.to(device)
                 if "judge" in active:
-                    if self.judge_log_floor is None:
-                        terms["judge"][ok_index] = 2.0 * probability - 1.0
-                    else:
-                        floor_log = self.judge_log_floor
-                        log_p = probability.double().clamp_min(1e-300).log().clamp_min(-floor_log)
-                        terms["judge"][ok_index] = (1.0 + 2.0 * log_p / floor_log).float()
+                    terms["judge"][ok_index] = value.to(device)
         lengths = torch.tensor(
             [self.length_fn(s) if isinstance(s, str) else 0 for s in svgs], dtype=torch.float64
         )
