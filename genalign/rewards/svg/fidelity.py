@@ -407,6 +407,9 @@ class SVGFidelityReward(Reward):
     def _judge_term(self, renders: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The judge's P(same) ``[b]`` and the ``judge`` term (module docstring) for ``b`` renders."""
         judge = getattr(self.judge, "probability", self.judge)
+        if isinstance(self.judge, torch.nn.Module):  # a judge's own device, whatever the renders'
+            device = next(self.judge.parameters()).device
+            renders, targets = renders.to(device), targets.to(device)
         with torch.no_grad():
             probability = judge(renders, targets).float().flatten()
         if probability.numel() != renders.shape[0] or not torch.isfinite(probability).all():
