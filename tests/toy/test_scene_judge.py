@@ -55,6 +55,14 @@ def test_cli_names_an_unknown_field(capsys):
     with pytest.raises(SystemExit):
         scene_judge.main(["--out", "x", "--set", "stepz=3"])
     assert "unknown field 'stepz'" in capsys.readouterr().err
+    for argv, message in (
+        (["--set", "steps=many"], "'many' is not a valid int"),
+        (["--set", "target=both"], "target must be 'same' or 'f1'"),
+        (["--views", "no/such/file.pt"], "no/such/file.pt: no such file"),
+    ):
+        with pytest.raises(SystemExit):
+            scene_judge.main(["--out", "x", *argv])
+        assert message in capsys.readouterr().err
 
 
 def test_multiset_f1_by_hand():

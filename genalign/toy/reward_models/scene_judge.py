@@ -269,10 +269,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         name, _, value = item.partition("=")
         if name not in types:
             parser.error(f"--set {item}: unknown field {name!r}; fields are {sorted(types)}")
-        values[name] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(
-            str(types[name]), str
-        )(value)
+        convert = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}
+        try:
+            values[name] = convert.get(str(types[name]), str)(value)
+        except ValueError:
+            parser.error(f"--set {item}: {value!r} is not a valid {types[name]}")
     recipe = JudgeRecipe(**values)
+    if recipe.target not in ("same", "f1"):
+        parser.error(f"--set target={recipe.target}: target must be 'same' or 'f1'")
+    if args.views and not Path(args.views).is_file():
+        parser.error(f"--views {args.views}: no such file")
     views = torch.load(args.views) if args.views else None
     judge, _ = train_judge(recipe, views)
     judge.config.update(shift=recipe.shift, scale=recipe.scale)
