@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.svg.judge import PairJudge
-from genalign.toy.reward_models.similarity import VIEWS, render_views
+from genalign.toy.reward_models.similarity import VIEWS, render_view_items, render_views
 from genalign.toy.training import parameter_count, warmup_cosine
 
 logger = logging.getLogger(__name__)
@@ -93,23 +93,9 @@ def render_views_f1(
 ) -> dict[str, torch.Tensor]:
     """:func:`render_views`' items plus ``"f1"`` ``[count, 5]``: the multiset F1 of each pair
     of :data:`F1_PAIRS`, from the scenes themselves."""
-    from genalign.rewards.svg import render_local
-    from genalign.toy.reward_models.similarity import object_multiset, triplet_views
-    from genalign.toy.svg_tasks import scene_svg, toy_svg_records
-
-    rng = np.random.default_rng(seed + 1)
-    renders: dict[str, list[torch.Tensor]] = {name: [] for name in VIEWS}
-    f1 = []
-    for _, _, scene in toy_svg_records(count, seed=seed, split=split, canvas=canvas):
-        views = triplet_views(scene, rng, shift, scale)
-        sets = {name: object_multiset(view) for name, view in views.items()}
-        f1.append([multiset_f1(sets[a], sets[b]) for a, b in F1_PAIRS])
-        for name, view in views.items():
-            result = render_local(scene_svg(view, canvas, "canonical"), canvas, canvas)
-            if not result.ok:
-                raise RuntimeError(f"a toy scene failed to render ({result.error})")
-            renders[name].append(result.image)
-    return {**{name: torch.stack(images) for name, images in renders.items()}, "f1": torch.tensor(f1)}
+    views, multisets = render_view_items(count, seed, split, canvas, shift, scale)
+    f1 = [[multiset_f1(sets[a], sets[b]) for a, b in F1_PAIRS] for sets in multisets]
+    return {**views, "f1": torch.tensor(f1)}
 
 
 def f1_pair_loss(judge: PairJudge, views: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -153,13 +139,14 @@ def train_judge(recipe: JudgeRecipe, views: dict[str, torch.Tensor] | None = Non
         views = render(recipe.scenes, recipe.data_seed, "train", recipe.canvas, recipe.shift, recipe.scale)
     if recipe.target == "f1" and "f1" not in views:
         raise ValueError("JudgeRecipe.target='f1' needs views with an 'f1' entry (render_views_f1)")
-    if recipe.target == "same":
-        views = {k: v for k, v in views.items() if k != "f1"}
-    f1 = views.get("f1")
-    views = _as_float({k: v for k, v in views.items() if k != "f1"})
+    f1 = views["f1"] if recipe.target == "f1" else None
+    views = _as_float({k: views[k] for k in VIEWS})
     count = views["ref"].shape[0]
     judge = PairJudge(recipe.width, recipe.embed, recipe.hidden)
-    judge.config["image_size"] = recipe.canvas
+    # what loading and evaluation need to know of its data, saved with the weights
+    judge.config.update(
+        image_size=recipe.canvas, shift=recipe.shift, scale=recipe.scale, target=recipe.target
+    )
     optimizer = torch.optim.AdamW(judge.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, step / max(recipe.steps, 1), recipe.warmup)
@@ -207,9 +194,7 @@ def evaluate_judge(
     for split, seed in (splits or EVAL_SPLITS).items():
         views = render_views_f1(items, seed, split, int(judge.config.get("image_size", 32)), shift, scale)
         predicted = torch.stack([judge.probability(views[a], views[b]) for a, b in F1_PAIRS], dim=1)
-        p_same = judge.probability(views["ref"], views["same"])
-        p_edit1 = judge.probability(views["ref"], views["edit1"])
-        p_edit2 = judge.probability(views["ref"], views["edit2"])
+        p_same, p_edit1, p_edit2 = predicted[:, 0], predicted[:, 1], predicted[:, 3]  # ref against each
         out[split] = {
             "same": round(float((p_same > 0.5).float().mean()), 4),
             "edit1": round(float((p_edit1 < 0.5).float().mean()), 4),
@@ -221,13 +206,7 @@ def evaluate_judge(
 
 
 def save_judge(judge: PairJudge, recipe: JudgeRecipe, folder: str | Path, scores: dict | None = None) -> Path:
-    extra = {
-        "shift": recipe.shift,
-        "scale": recipe.scale,
-        "image_size": recipe.canvas,
-        "target": recipe.target,
-    }
-    folder = judge.save(folder, extra=extra)
+    folder = judge.save(folder)
     card = {"recipe": asdict(recipe), "parameters": parameter_count(judge), "scores": scores or {}}
     (folder / "card.json").write_text(json.dumps(card, indent=2) + "\n")
     lines = [
@@ -281,7 +260,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--views {args.views}: no such file")
     views = torch.load(args.views) if args.views else None
     judge, _ = train_judge(recipe, views)
-    judge.config.update(shift=recipe.shift, scale=recipe.scale)
     scores = evaluate_judge(judge, args.eval_items) if args.eval_items else {}
     print(json.dumps(scores, indent=2))
     save_judge(judge, recipe, args.out, scores)

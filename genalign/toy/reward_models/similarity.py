@@ -169,22 +169,32 @@ def triplet_views(scene: Scene, rng: np.random.Generator, shift: float, scale: f
     return {name: jitter(view, rng, shift, scale) for name, view in views.items()}
 
 
-def render_views(
+def render_view_items(
     count: int, seed: int, split: str = "train", canvas: int = 32, shift: float = 0.05, scale: float = 0.15
-) -> dict[str, torch.Tensor]:
-    """``{view: [count, 3, canvas, canvas]}`` renders of ``count`` items (scenes of ``split``)."""
+) -> tuple[dict[str, torch.Tensor], list[dict[str, list[tuple[str, str]]]]]:
+    """:func:`render_views`' renders and, per item, each view's :func:`object_multiset`."""
     from genalign.rewards.svg import render_local
     from genalign.toy.svg_tasks import scene_svg, toy_svg_records
 
     rng = np.random.default_rng(seed + 1)
     renders: dict[str, list[torch.Tensor]] = {name: [] for name in VIEWS}
+    multisets = []
     for _, _, scene in toy_svg_records(count, seed=seed, split=split, canvas=canvas):
-        for name, view in triplet_views(scene, rng, shift, scale).items():
+        views = triplet_views(scene, rng, shift, scale)
+        multisets.append({name: object_multiset(view) for name, view in views.items()})
+        for name, view in views.items():
             result = render_local(scene_svg(view, canvas, "canonical"), canvas, canvas)
             if not result.ok:
                 raise RuntimeError(f"a toy scene failed to render ({result.error})")
             renders[name].append(result.image)
-    return {name: torch.stack(images) for name, images in renders.items()}
+    return {name: torch.stack(images) for name, images in renders.items()}, multisets
+
+
+def render_views(
+    count: int, seed: int, split: str = "train", canvas: int = 32, shift: float = 0.05, scale: float = 0.15
+) -> dict[str, torch.Tensor]:
+    """``{view: [count, 3, canvas, canvas]}`` renders of ``count`` items (scenes of ``split``)."""
+    return render_view_items(count, seed, split, canvas, shift, scale)[0]
 
 
 # -- the metric and its loss -------------------------------------------------------------------------
