@@ -16,7 +16,9 @@ percentile bootstrap intervals, 1000 resamples, seed 0, as eval-reward::
     python benchmarks/q_hawkeye_judge.py assets/models/toy-vlm          # a Q-Align judge
 
 ``--samples 0`` is the greedy answer (the iqa reward's default), N > 0 the mean of N seeded samples
-at ``--temperature``. One JSON line per setting goes to ``--log``.
+at ``--temperature``. ``--readout expected`` reads each answer's digits by their expectations
+(the ``iqa`` reward's ``readout``; the number as written is ``text``, the default); a baseline that
+is an answer judge is read the same way. One JSON line per setting goes to ``--log``.
 
 ``--baseline JUDGE`` also scores a second judge (greedy) on the same images and reports the paired
 difference (this judge minus the baseline) of SRCC, PLCC and the original-above-degraded rate with a
@@ -98,10 +100,16 @@ def summary(
 
 
 def paired_difference(
-    ours: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray], mos: np.ndarray
+    ours: tuple[np.ndarray, np.ndarray],
+    theirs: tuple[np.ndarray, np.ndarray],
+    mos: np.ndarray,
+    answered: np.ndarray | None = None,
 ) -> dict[str, list[float]]:
     """``{name: [difference, low, high]}``: ours minus theirs for srcc, plcc and
-    original-above-degraded, with percentile intervals from one paired bootstrap over the images."""
+    original-above-degraded, with percentile intervals from one paired bootstrap over the images.
+    With ``answered`` (per image: every answer of both judges parses) also the difference of the
+    rate over those pairs only, ``original_above_degraded_answered``: the same pairs for both, so a
+    judge is not credited for a copy it could not answer, nor compared on other pairs."""
     credits = [above_degraded_credit(*judge) for judge in (ours, theirs)]
 
     def statistic(index: np.ndarray) -> dict[str, float]:
@@ -109,6 +117,11 @@ def paired_difference(
         b = metrics.mos_correlations(theirs[0][index], mos[index], fit=False)
         out = {name: a[name] - b[name] for name in ("srcc", "plcc")}
         out["original_above_degraded"] = float(np.nanmean(credits[0][index]) - np.nanmean(credits[1][index]))
+        if answered is not None:
+            kept = index[answered[index]]
+            out["original_above_degraded_answered"] = float(
+                np.mean(credits[0][kept]) - np.mean(credits[1][kept])
+            )
         return out
 
     point = statistic(np.arange(len(mos)))
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(ROOT / "runs/toy-quality-heldout"))
     parser.add_argument("--samples", type=int, nargs="+", default=[0], help="0: greedy; N: N samples")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--readout", choices=("text", "expected"), default="text", help="answer judges only")
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--label", default=None, help="name in the log (default: the model path)")
     parser.add_argument("--log", default=str(ROOT / "runs/q_hawkeye_judges.jsonl"))
@@ -134,30 +148,42 @@ def main(argv: list[str] | None = None) -> int:
     answer = (Path(args.model) / "iqa_judge.json").is_file()
     baseline = None
     if args.baseline is not None:
-        reward = load_reward("iqa", model=args.baseline, batch_size=args.batch_size).eval()
-        baseline = (score(reward, originals, args.batch_size)[0], score(reward, degraded, args.batch_size)[0])
+        reading = {"readout": args.readout} if (Path(args.baseline) / "iqa_judge.json").is_file() else {}
+        reward = load_reward("iqa", model=args.baseline, batch_size=args.batch_size, **reading).eval()
+        (b_original, bp_original), (b_degraded, bp_degraded) = (
+            score(reward, images, args.batch_size) for images in (originals, degraded)
+        )
+        baseline = (b_original, b_degraded)
+        # a Q-Align baseline always answers (its parsed fractions are NaN)
+        baseline_answered = ~((bp_original == 0) | (bp_degraded == 0))
     for samples in args.samples if answer else [0]:
         start = time.perf_counter()
         options = (
             {"num_samples": samples, "seed": 0, "sample_temperature": args.temperature} if samples else {}
         )
+        if answer:
+            options["readout"] = args.readout
         reward = load_reward("iqa", model=args.model, batch_size=args.batch_size, **options).eval()
         s_original, p_original = score(reward, originals, args.batch_size)
         s_degraded, p_degraded = score(reward, degraded, args.batch_size)
         answered = (p_original > 0) & (p_degraded > 0) if answer else None
         row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
+        if answer:
+            row["readout"] = args.readout
         row.update(summary(s_original, s_degraded, mos, answered))
         parsed, parsed_degraded = float(np.mean(p_original)), float(np.mean(p_degraded))
         row.update(parsed=parsed, parsed_degraded=parsed_degraded, seconds=time.perf_counter() - start)
         if baseline is not None:
             row["baseline"] = args.baseline
-            difference = paired_difference((s_original, s_degraded), baseline, mos)
+            both = baseline_answered & answered if answered is not None else baseline_answered
+            difference = paired_difference((s_original, s_degraded), baseline, mos, both)
             row.update({f"{name}_minus_baseline": value for name, value in difference.items()})
         with open(args.log, "a", encoding="utf-8") as log:
             log.write(json.dumps(row) + "\n")
         cells = [f"{k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in row.items() if isinstance(v, list)]
         parsing = f"; parsed {parsed:.2f}, degraded copies {parsed_degraded:.2f}"
-        print(f"{row['judge']} samples={samples}: " + "; ".join(cells) + parsing, flush=True)
+        reading = f" readout={args.readout}" if answer else ""
+        print(f"{row['judge']} samples={samples}{reading}: " + "; ".join(cells) + parsing, flush=True)
     return 0
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "QHAWKEYE_PROMPT",
     "SHORT_PROMPT",
     "accuracy_reward",
+    "answer_digit_places",
     "cosine_annealed",
     "format_reward",
     "parse_answer_score",
@@ -84,6 +85,29 @@ def parse_answer_score(text: str, signed: bool = False) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def answer_digit_places(text: str) -> list[tuple[int, float]] | None:
+    """Where each digit of the first ``<answer>`` number of ``text`` stands, with its place value.
+
+    ``[(character offset in text, 10**p), ...]`` in reading order: ``"<answer>2.51</answer>"`` gives
+    the offsets of ``2``, ``5`` and ``1`` with 1, 0.1 and 0.01. None when :func:`parse_answer_score`
+    finds no number (the same parser, so the two always agree). The ``expected`` readout of the
+    ``iqa`` reward's answer preset replaces each digit by its expectation under the judge's
+    next-token distribution at that offset.
+    """
+    if parse_answer_score(text) is None:
+        return None
+    match = _ACCURACY_ANSWER.search(text)
+    number, start = match.group(1), match.start(1)
+    point = number.find(".")
+    point = len(number) if point < 0 else point
+    places = []
+    for index, character in enumerate(number):
+        if character.isdigit():
+            exponent = point - index - 1 if index < point else point - index
+            places.append((start + index, 10.0**exponent))
+    return places
 
 
 def accuracy_reward(

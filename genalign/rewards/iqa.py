@@ -41,7 +41,14 @@ and returns the number in the first ``<answer>...</answer>`` clamped to ``answer
 (default [1, 5]); a completion without one scores the range's floor (counted in
 ``details["answer_parsed"]``). With ``num_samples`` N > 0 the score is the mean of the numbers
 parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``): the expected
-answer of the distribution the judge learnt, where greedy decoding picks each digit alone. ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+answer of the distribution the judge learnt, where greedy decoding picks each digit alone.
+``readout="expected"`` (ours, not Q-Hawkeye's) reads that expectation without sampling: each digit
+of the answer's number is replaced by its expected value under the judge's next-token distribution
+over the ten digit tokens at that position (given the completion up to it), weighted by its place,
+``score = sum_k 10^(p_k) sum_d d P(d | completion before digit k)``; one more forward per digit.
+As Q-Align's expectation over rating words, it turns ties between written numbers (2.00 against
+2.00) into an order, and makes the reward a smooth function of the image for a generator's RL; it
+needs a tokenizer that writes one digit per token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
 model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
 budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
 learnt to answer; a folder without that file gets ``qalign``.
@@ -65,7 +72,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from genalign.algorithms.q_hawkeye import QHAWKEYE_PROMPT, parse_answer_score
+from genalign.algorithms.q_hawkeye import QHAWKEYE_PROMPT, answer_digit_places, parse_answer_score
 from genalign.rewards.base import RewardOutput, register_reward
 from genalign.rewards.clip_models import CLIPBackendReward
 from genalign.rewards.vlm import (
@@ -90,6 +97,7 @@ PRESETS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[Mapping[str, float],
     "qboost": (QBOOST_PROMPTS, (QBOOST_LEVELS,)),
 }
 ANSWER_PRESET = "answer"  # a trained judge's <answer> (module docstring)
+READOUTS = ("text", "expected")  # how the answer preset reads the number (module docstring)
 JUDGE_FILE = "iqa_judge.json"  # a q_hawkeye run's final/ holds its question and token budget
 JUDGE_KEYS = ("preset", "question", "max_new_tokens", "answer_range", "system_prompt")
 
@@ -202,6 +210,8 @@ class VLMQualityReward(VLMJudgeReward):
             folder's ``iqa_judge.json``, else Q-Hawkeye's official prompt), token budget (64) and
             score range ((1, 5)); its ``num_samples`` N > 0 averages the answers of N completions
             sampled at ``sample_temperature`` from ``seed`` (0: one greedy completion).
+        readout: how the "answer" preset reads a completion: "text" (the number written) or
+            "expected" (each digit replaced by its expectation, module docstring).
         prompts: ``(question, answer_prefix)`` pairs, averaged (multi-prompt ensemble).
         levels: a mapping rating word -> value, or a list of such mappings (averaged).
         rescale: map each expectation to [0, 1] with its level set's min and max. Needed when
@@ -242,6 +252,7 @@ class VLMQualityReward(VLMJudgeReward):
         question: str | None = None,
         max_new_tokens: int | None = None,
         answer_range: Sequence[float] | None = None,
+        readout: str = "text",
         **judge_options: Any,
     ) -> None:
         settings = judge_settings(model) if preset is None else {}
@@ -257,9 +268,12 @@ class VLMQualityReward(VLMJudgeReward):
             super().__init__(model, processor, **judge_options)
             self.answer = _answer_settings(settings, question, max_new_tokens, answer_range)
             self.answer.update(num_samples=int(num_samples), temperature=float(sample_temperature), seed=seed)
+            self.answer["digit_ids"] = self._readout_digit_ids(readout)
             self.score_range = self.answer["answer_range"]
             self.system_prompt = system_prompt if system_prompt is not None else settings.get("system_prompt")
             return
+        if readout != "text":
+            raise ValueError(f"readout {readout!r} reads an answer judge's number: it needs preset 'answer'")
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted([*PRESETS, ANSWER_PRESET])}, got {preset!r}")
         if num_samples < 0:
@@ -318,9 +332,48 @@ class VLMQualityReward(VLMJudgeReward):
                 members.append((index, aggregate_word_logits(logits, ids)))
         return members
 
+    def _readout_digit_ids(self, readout: str) -> list[list[int]] | None:
+        """None for the "text" readout; the ten digits' token ids for "expected", after checking
+        that the tokenizer writes a number one digit per token (else one digit's position could
+        not be read)."""
+        if readout not in READOUTS:
+            raise ValueError(f"readout must be one of {list(READOUTS)}, got {readout!r}")
+        if readout == "text":
+            return None
+        pieces = self.judge.tokenizer.tokenize("<answer>2.51</answer>")
+        digits_per_piece = [sum(c.isdigit() for c in str(piece)) for piece in pieces]
+        if [n for n in digits_per_piece if n] != [1, 1, 1]:
+            raise ValueError(
+                f"readout 'expected' needs one digit per token, but the tokenizer writes '2.51' as {pieces}"
+            )
+        return self.answer_word_ids([str(d) for d in range(10)], ("{w}",))
+
+    def expected_answers(
+        self, text: str, completions: Sequence[str], images: Sequence[Any]
+    ) -> list[float | None]:
+        """The "expected" readout of each completion of ``text`` about ``images[i]`` (None where no
+        number parses): one next-token forward per digit of the answer, all in one batch."""
+        queries, owners, places = [], [], []
+        for index, completion in enumerate(completions):
+            for offset, place in answer_digit_places(completion) or []:
+                queries.append(text + completion[:offset])
+                owners.append(index)
+                places.append(place)
+        values: list[float | None] = [None] * len(completions)
+        if not queries:
+            return values
+        logits = self.judge.next_token_logits(queries, [[images[index]] for index in owners])
+        probs = aggregate_word_logits(logits, self.answer["digit_ids"]).softmax(dim=-1)  # (Q, 10)
+        digits = probs @ torch.arange(10, dtype=probs.dtype, device=probs.device)
+        weighted = digits.cpu() * torch.tensor(places, dtype=torch.float32)
+        for index, value in zip(owners, weighted.tolist()):
+            values[index] = (values[index] or 0.0) + value
+        return values
+
     def answer_scores(self, images: torch.Tensor) -> RewardOutput:
         """The "answer" preset (module docstring): each image's greedy ``<answer>`` number, clamped;
-        with ``num_samples`` N, the mean of the numbers parsed from N sampled completions."""
+        with ``num_samples`` N, the mean of the numbers parsed from N sampled completions; each
+        number read as ``readout`` says."""
         settings = self.answer
         messages = [self.judge.message("system", self.system_prompt)] if self.system_prompt else []
         messages.append(self.judge.message("user", settings["question"], images=1))
@@ -335,7 +388,11 @@ class VLMQualityReward(VLMJudgeReward):
             settings["seed"],
         )
         low, high = settings["answer_range"]
-        parsed = [parse_answer_score(completion) for completion in completions]
+        if settings["digit_ids"] is None:
+            parsed = [parse_answer_score(completion) for completion in completions]
+        else:
+            owners = [image for image in images for _ in range(copies)]
+            parsed = self.expected_answers(text, completions, owners)
         values = torch.tensor([float("nan") if v is None else min(max(v, low), high) for v in parsed])
         values = values.view(len(images), copies)
         found = ~torch.isnan(values)

@@ -10,6 +10,7 @@ import torch
 
 from genalign.algorithms import (
     accuracy_reward,
+    answer_digit_places,
     cosine_annealed,
     format_reward,
     parse_answer_score,
@@ -44,6 +45,32 @@ GOOD = "<think>sharp edges, no noise</think><answer>3.50</answer>"
 def test_parse_answer_score(text, unsigned, signed):
     assert parse_answer_score(text) == unsigned
     assert parse_answer_score(text, signed=True) == signed
+
+
+@pytest.mark.parametrize(
+    ("text", "digits", "places"),
+    [
+        (GOOD, "350", [1.0, 0.1, 0.01]),
+        ("<ANSWER> 4 </ANSWER>", "4", [1.0]),
+        ("x<answer>12.5</answer>", "125", [10.0, 1.0, 0.1]),
+        ("<answer>3.</answer>", "3", [1.0]),
+        ("<answer>.25</answer>", "25", [0.1, 0.01]),
+        ("<answer>2</answer><answer>4</answer>", "2", [1.0]),  # the first answer, as the parser
+    ],
+)
+def test_answer_digit_places(text, digits, places):
+    found = answer_digit_places(text)
+    assert "".join(text[offset] for offset, _ in found) == digits
+    assert [place for _, place in found] == pytest.approx(places)
+    # the digits at their places add up to the parsed number
+    assert sum(int(text[o]) * p for o, p in found) == pytest.approx(parse_answer_score(text))
+
+
+@pytest.mark.parametrize(
+    "text", ["no tag 4.2", "<answer>3.4.5</answer>", "<answer>-2</answer>", "<answer>x</answer>"]
+)
+def test_answer_digit_places_is_none_where_nothing_parses(text):
+    assert answer_digit_places(text) is None
 
 
 # -- accuracy -----------------------------------------------------------------------------------------

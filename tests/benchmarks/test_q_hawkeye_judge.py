@@ -58,3 +58,19 @@ def test_the_answered_rate_leaves_out_pairs_whose_answer_did_not_parse(judge):
     assert out["original_above_degraded"][0] == pytest.approx(3.5 / 4)
     assert out["original_above_degraded_answered"][0] == pytest.approx(1.5 / 2)
     assert "original_above_degraded_answered" not in judge.summary(original, degraded, mos)
+
+
+def test_the_paired_answered_rate_compares_both_judges_on_the_same_pairs(judge):
+    """Pairs where either judge's answer did not parse leave both judges' rates."""
+    mos = np.array([5.0, 4.0, 3.0, 2.0, 2.0])
+    ours = (np.array([5.0, 4.0, 3.0, 2.0, 2.0]), np.array([1.0, 1.0, 3.0, 1.0, 3.0]))
+    theirs = (np.array([4.0, 4.0, 2.0, 2.0, 1.0]), np.array([4.5, 3.0, 1.0, 2.0, 1.5]))
+    answered = np.array([False, True, True, True, False])  # pairs 0 and 4: one copy did not parse
+    out = judge.paired_difference(ours, theirs, mos, answered)
+    # over pairs 1-3: ours above, tie, above = 2.5 / 3; theirs above, above, tie = 2.5 / 3
+    assert out["original_above_degraded_answered"][0] == pytest.approx(0.0)
+    # over all five: ours 3.5 / 5 (pair 4 below), theirs 2.5 / 5 (pairs 0 and 4 below)
+    assert out["original_above_degraded"][0] == pytest.approx(1.0 / 5)
+    value, low, high = out["original_above_degraded_answered"]
+    assert low <= value <= high
+    assert "original_above_degraded_answered" not in judge.paired_difference(ours, theirs, mos)

@@ -259,6 +259,7 @@ def test_a_folder_with_iqa_judge_json_asks_its_question(tiny_llava, images, tmp_
         "num_samples": 0,
         "temperature": 1.0,
         "seed": None,
+        "digit_ids": None,
     }
     asked = scripted_judge(reward, monkeypatch)
     torch.testing.assert_close(reward(images, None).scores, torch.tensor([4.25, 5.0, 1.0]))
@@ -270,9 +271,60 @@ def test_a_folder_with_iqa_judge_json_asks_its_question(tiny_llava, images, tmp_
         load_reward("iqa", model=str(tmp_path))
 
 
+def test_the_expected_readout_equals_an_independent_computation(tiny_llava, images, monkeypatch):
+    """Each digit of the answer replaced by its expectation over the ten digit tokens, given the
+    completion up to it, weighted by its place; computed here one chat at a time."""
+    model, processor = tiny_llava
+    reward = VLMQualityReward(
+        *tiny_llava,
+        preset="answer",
+        question="Rate it.",
+        answer_range=(0, 100),
+        readout="expected",
+        batch_size=2,
+    )
+    scripted_judge(reward, monkeypatch)
+    out = reward(images, None)
+    digit_ids = token_ids(processor.tokenizer, [str(d) for d in range(10)])
+    expected = []
+    for image, completion in zip(images, SCRIPTED):
+        start = completion.find("<answer>") + len("<answer>")
+        number = completion[start : completion.find("</answer>")] if start >= len("<answer>") else ""
+        value, place = 0.0, 10.0 ** (len(number.split(".")[0]) - 1)
+        for index, character in enumerate(number):
+            if character == ".":
+                continue
+            text = chat_text(("user", "<image>Rate it."), generation_prompt=completion[: start + index])
+            probs = torch.softmax(last_logits(model, processor, text, [image]), -1)[digit_ids]
+            value += place * float((probs / probs.sum()) @ torch.arange(10.0))
+            place /= 10
+        expected.append(value if number else 0.0)  # unparsed: the range's floor
+    torch.testing.assert_close(out.scores, torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.details["answer_parsed"], torch.tensor([1.0, 1.0, 0.0]))
+    # a digit's expectation lies strictly inside its range and differs from the written digit
+    assert 0 < float(out.scores[0]) < 10 and float(out.scores[0]) != 4.25
+
+
+def test_the_expected_readout_clamps_to_the_answer_range(tiny_llava, images, monkeypatch):
+    reward = VLMQualityReward(*tiny_llava, preset="answer", question="Rate it.", readout="expected")
+    scripted_judge(reward, monkeypatch)
+    scores = reward(images, None).scores
+    assert float(scores.min()) >= 1.0 and float(scores.max()) <= 5.0
+    assert float(scores[2]) == 1.0  # unparsed: the floor
+
+
+def test_the_expected_readout_needs_one_digit_per_token(tiny_llava, monkeypatch):
+    tokenizer = tiny_llava[1].tokenizer
+    merged = lambda text, **kw: ["<answer>", "2", ".", "51", "</answer>"]  # noqa: E731
+    monkeypatch.setattr(tokenizer, "tokenize", merged)
+    with pytest.raises(ValueError, match=r"needs one digit per token, but the tokenizer writes '2.51' as"):
+        VLMQualityReward(*tiny_llava, preset="answer", readout="expected")
+
+
 @pytest.mark.parametrize(
     ("bad", "match"),
     [
+        ({"readout": "mean"}, r"readout must be one of \['text', 'expected'\], got 'mean'"),
         ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
         ({"answer_range": (5, 1)}, "answer_range must have low < high"),
         ({"answer_range": "high"}, "answer_range must be two numbers"),
@@ -284,3 +336,10 @@ def test_a_folder_with_iqa_judge_json_asks_its_question(tiny_llava, images, tmp_
 def test_bad_answer_arguments(tiny_llava, bad, match):
     with pytest.raises(ValueError, match=match):
         VLMQualityReward(*tiny_llava, preset="answer", **bad)
+
+
+def test_the_expected_readout_needs_the_answer_preset(tiny_llava):
+    with pytest.raises(
+        ValueError, match="readout 'expected' reads an answer judge's number: it needs preset 'answer'"
+    ):
+        VLMQualityReward(*tiny_llava, preset="qalign", readout="expected")
