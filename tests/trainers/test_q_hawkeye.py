@@ -438,8 +438,9 @@ def test_the_trained_judge_drives_a_generator_run(tmp_path):
     assert config.reward.kwargs["model"] == str(final)
     trainer = build_trainer(config, base_dir=recipe.parent)
     assert trainer.reward.answer is not None  # the judge's iqa_judge.json made it an answer judge
+    assert config.reward.kwargs["readout"] == "expected"  # each digit by its expectation
     batch = trainer.strategy.collect(trainer.rollout_context(), 0)
-    judge = load_reward("iqa", model=str(final), max_new_tokens=8)
+    judge = load_reward("iqa", model=str(final), max_new_tokens=8, readout="expected")
     torch.testing.assert_close(batch.rewards.cpu(), judge(batch.trajectory.outputs, None).scores.cpu())
     trainer.train()
     (row,) = [json.loads(line) for line in trainer.metrics_path.read_text().splitlines()]
