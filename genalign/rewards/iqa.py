@@ -44,11 +44,12 @@ parsed from N completions sampled at ``sample_temperature`` (seeded by ``seed``)
 answer of the distribution the judge learnt, where greedy decoding picks each digit alone.
 ``readout="expected"`` (ours, not Q-Hawkeye's) reads that expectation without sampling: each digit
 of the answer's number is replaced by its expected value under the judge's next-token distribution
-over the ten digit tokens at that position (given the completion up to it), weighted by its place,
-``score = sum_k 10^(p_k) sum_d d P(d | completion before digit k)``; one more forward per digit.
-As Q-Align's expectation over rating words, it turns ties between written numbers (2.00 against
-2.00) into an order, and makes the reward a smooth function of the image for a generator's RL; it
-needs a tokenizer that writes one digit per token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+(temperature 1) over the ten digit tokens at that position, given the completion up to it, and
+weighted by its place, ``score = sum_k 10^(p_k) sum_d d P(d | completion before digit k)``; one
+more forward per digit (with ``num_samples``, per sampled completion). As Q-Align's expectation
+over rating words, it turns ties between written numbers (2.00 against 2.00) into an order, and
+makes the reward a smooth function of the image for a generator's RL; it needs a tokenizer that
+writes one digit per token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
 model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
 budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
 learnt to answer; a folder without that file gets ``qalign``.
