@@ -343,3 +343,19 @@ def test_the_expected_readout_needs_the_answer_preset(tiny_llava):
         ValueError, match="readout 'expected' reads an answer judge's number: it needs preset 'answer'"
     ):
         VLMQualityReward(*tiny_llava, preset="qalign", readout="expected")
+
+
+def test_the_expected_readout_of_sampled_answers_is_the_mean_over_the_parsed_ones(
+    tiny_llava, images, monkeypatch
+):
+    options = {"preset": "answer", "question": "Rate it.", "answer_range": (0, 100), "readout": "expected"}
+    sampled = VLMQualityReward(*tiny_llava, num_samples=3, sample_temperature=0.5, seed=7, **options)
+    scripted_judge(sampled, monkeypatch)  # each image's 3 samples: SCRIPTED[0], [1], [2] (unparsed)
+    out = sampled(images[:2], None)
+    single = VLMQualityReward(*tiny_llava, **options)
+    per_answer = []
+    for completion in SCRIPTED[:2]:
+        monkeypatch.setattr(single.judge, "generate", lambda texts, *a, c=completion, **k: [c] * len(texts))
+        per_answer.append(single(images[:2], None).scores)
+    torch.testing.assert_close(out.scores, torch.stack(per_answer).mean(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.details["answer_parsed"], torch.tensor([2 / 3, 2 / 3]))
