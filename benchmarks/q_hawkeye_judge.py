@@ -23,8 +23,9 @@ is an answer judge is read the same way. One JSON line per setting goes to ``--l
 ``--baseline JUDGE`` also scores a second judge (greedy) on the same images and reports the paired
 difference (this judge minus the baseline) of SRCC, PLCC and the original-above-degraded rate with a
 paired bootstrap: both judges' statistics on each resample of images, so what the two share (the
-images that are hard for both) cancels out of the interval. The way to ask whether RL moved a judge
-beyond its own starting point::
+images that are hard for both) cancels out of the interval; for answer judges also the difference
+of the rate over the pairs where both judges' answers parse (``..._answered_minus_baseline``). The
+way to ask whether RL moved a judge beyond its own starting point::
 
     python benchmarks/q_hawkeye_judge.py runs/toy-q-hawkeye/final --baseline runs/toy-q-hawkeye-sft/final
 """
