@@ -75,6 +75,12 @@ def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tup
     return scores_array, parsed_array
 
 
+def both_answered(parsed_original: np.ndarray, parsed_degraded: np.ndarray) -> np.ndarray:
+    """Per image: the original's and the copy's answers both parse (a Q-Align judge's parsed
+    fractions are NaN: it always answers)."""
+    return ~((parsed_original == 0) | (parsed_degraded == 0))
+
+
 def above_degraded_credit(original: np.ndarray, degraded: np.ndarray) -> np.ndarray:
     """Per image: 1 when the original scores above its degraded copy, a half for a tie, else 0."""
     return metrics.preference_credit(original, degraded, np.zeros(len(original)), policy="skip-ties")
@@ -155,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             score(reward, images, args.batch_size) for images in (originals, degraded)
         )
         baseline = (b_original, b_degraded)
-        # a Q-Align baseline always answers (its parsed fractions are NaN)
-        baseline_answered = ~((bp_original == 0) | (bp_degraded == 0))
+        baseline_answered = both_answered(bp_original, bp_degraded)
     for samples in args.samples if answer else [0]:
         start = time.perf_counter()
         options = (
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = load_reward("iqa", model=args.model, batch_size=args.batch_size, **options).eval()
         s_original, p_original = score(reward, originals, args.batch_size)
         s_degraded, p_degraded = score(reward, degraded, args.batch_size)
-        answered = (p_original > 0) & (p_degraded > 0) if answer else None
+        answered = both_answered(p_original, p_degraded) if answer else None
         row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
         if answer:
             row["readout"] = args.readout

@@ -65,6 +65,10 @@ class JudgeRecipe:
     target: str = "same"  # "same" (P(same objects)) or "f1" (the multisets' F1, module docstring)
     log_every: int = 100
 
+    def __post_init__(self) -> None:
+        if self.target not in ("same", "f1"):
+            raise ValueError(f"JudgeRecipe.target must be 'same' or 'f1', got {self.target!r}")
+
 
 def _as_float(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v.float() / 255.0 if v.dtype == torch.uint8 else v.float()) for k, v in views.items()}
@@ -131,8 +135,6 @@ def pair_loss(judge: PairJudge, views: dict[str, torch.Tensor]) -> tuple[torch.T
 
 def train_judge(recipe: JudgeRecipe, views: dict[str, torch.Tensor] | None = None) -> tuple[PairJudge, list]:
     """Train a judge; ``views`` (``{view: [N, 3, H, W]}``, uint8 or [0, 1]) skips rendering."""
-    if recipe.target not in ("same", "f1"):
-        raise ValueError(f"JudgeRecipe.target must be 'same' or 'f1', got {recipe.target!r}")
     torch.manual_seed(recipe.seed)
     if views is None:
         render = render_views_f1 if recipe.target == "f1" else render_views
@@ -253,9 +255,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             values[name] = convert.get(str(types[name]), str)(value)
         except ValueError:
             parser.error(f"--set {item}: {value!r} is not a valid {types[name]}")
-    recipe = JudgeRecipe(**values)
-    if recipe.target not in ("same", "f1"):
-        parser.error(f"--set target={recipe.target}: target must be 'same' or 'f1'")
+    try:
+        recipe = JudgeRecipe(**values)
+    except ValueError as error:  # the recipe's own checks, before any rendering
+        parser.error(f"--set: {error}")
     if args.views and not Path(args.views).is_file():
         parser.error(f"--views {args.views}: no such file")
     views = torch.load(args.views) if args.views else None
