@@ -8,7 +8,8 @@
   Order is randomised; ``split`` marks the first 40% as ``validation`` (PickScore's threshold).
 - ``assets/eval/quality/mos.jsonl``: toy scenes degraded by Gaussian blur, Gaussian noise or
   JPEG compression at levels 0-3; ``mos = 5 - level`` (a known degradation level standing in for
-  a mean opinion score), ``category`` = the degradation.
+  a mean opinion score), ``category`` = the degradation. (Darkening is a fourth kind that
+  :mod:`genalign.toy.quality` can rate on request; the shipped set keeps the three.)
 
 Run ``python -m genalign.toy.eval_data [--out assets/eval]``.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageFilter
+from PIL import Image, ImageEnhance, ImageFilter
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,16 @@ DEGRADATIONS = {
     "blur": (0.8, 1.6, 3.0, 5.0),  # Gaussian blur radius in pixels
     "noise": (0.04, 0.1, 0.2, 0.35),  # Gaussian noise std on [0, 1] pixels
     "jpeg": (40, 15, 5, 2),  # JPEG quality
+    "darken": (0.8, 0.6, 0.4, 0.25),  # brightness factor (PIL's ImageEnhance.Brightness)
 }
-_CLEAN_STRENGTH = {"blur": 0.0, "noise": 0.0, "jpeg": 100}  # level 0, for levels between 0 and 1
+# the kinds assets/eval/quality and genalign.toy.quality rate unless told otherwise
+RATED_KINDS = ("blur", "jpeg", "noise")
+_CLEAN_STRENGTH = {
+    "blur": 0.0,
+    "noise": 0.0,
+    "jpeg": 100,
+    "darken": 1.0,
+}  # level 0, for levels between 0 and 1
 
 
 def _to_pil(image: torch.Tensor) -> Image.Image:
@@ -60,6 +69,8 @@ def degrade(image: Image.Image, kind: str, level: float, rng: np.random.Generato
     strength = float(np.interp(level, range(len(anchors)), anchors))
     if kind == "blur":
         return image.filter(ImageFilter.GaussianBlur(radius=strength))
+    if kind == "darken":
+        return ImageEnhance.Brightness(image).enhance(strength)
     if kind == "noise":
         pixels = np.asarray(image, dtype=np.float32) / 255.0
         noisy = np.clip(pixels + rng.normal(0.0, strength, pixels.shape), 0, 1)
@@ -137,7 +148,7 @@ def build_quality_set(out_dir: Path, seed: int = 0, n_scenes: int = QUALITY_SCEN
     rows = []
     for scene_index, (prompt, image) in enumerate(zip(chosen, clean)):
         base = _to_pil(image)
-        for kind in sorted(DEGRADATIONS):
+        for kind in RATED_KINDS:
             for level in range(4):
                 name = f"images/scene{scene_index}_{kind}{level}.png"
                 degrade(base, kind, level, rng).save(out_dir / name, optimize=True)

@@ -3,7 +3,7 @@
 Scenes of a prompt split (``train``: what toy-vlm was trained on; ``heldout``: captions it never
 saw, :mod:`genalign.toy.prompts`) are rendered at 64 px and degraded by blur, noise or JPEG at
 levels 0-3 exactly as ``assets/eval/quality/mos.jsonl`` is (:func:`genalign.toy.eval_data.degrade`),
-with ``mos = 5 - level``; or, with ``levels="continuous"``, at real-valued levels in [0, 3], so the MOS
+with ``mos = 5 - level`` (``rated_kinds`` adds darkening, the fourth kind of Q-Hawkeye's copies); or, with ``levels="continuous"``, at real-valued levels in [0, 3], so the MOS
 is a real number as a mean opinion score is. Three uses:
 
 * :func:`toy_quality_pool` is a recipe's prompt source: the judge's pool
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from genalign.toy.eval_data import DEGRADATIONS, RATED_KINDS, _to_pil, degrade
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.quality_pool import quality_pool_of
 from genalign.utils.degradations import DEGRADATION_KINDS, degradation_pair
@@ -60,9 +61,12 @@ def quality_renders(
     size: int = 64,
     levels: str = "whole",
     num_levels: int = LEVELS,
+    rated_kinds: Sequence[str] = RATED_KINDS,
 ) -> tuple[torch.Tensor, list[float], list[dict[str, Any]]]:
     """``(images [N, 3, size, size], mos [N], records)``: ``scenes`` scenes of distinct ``split``
-    prompts, each degraded by every kind at ``num_levels`` levels (N = scenes x 3 x num_levels),
+    prompts, each degraded by every kind of ``rated_kinds`` at ``num_levels`` levels (N = scenes x
+    len(rated_kinds) x num_levels; the default, blur, JPEG and noise, as ``assets/eval/quality``;
+    ``darken`` adds the darkening that Q-Hawkeye's degraded copies also use),
     deterministic in ``seed``; ``mos = 5 - level``. ``num_levels`` 4 (the default) spans levels 0-3,
     MOS 5 to 2, as ``assets/eval/quality``; 5 adds level 4, MOS 1, the bottom of Q-Align's scale.
     ``levels``: ``"whole"``, the whole levels (whole-number MOS); ``"continuous"``, one level drawn
@@ -75,7 +79,13 @@ def quality_renders(
         raise ValueError(f"levels must be one of {LEVEL_MODES}, got {levels!r}")
     if num_levels not in (4, 5):
         raise ValueError(f"num_levels must be 4 (levels 0-3) or 5 (levels 0-4), got {num_levels!r}")
-    from genalign.toy.eval_data import DEGRADATIONS, _to_pil, degrade
+    rated_kinds = tuple(rated_kinds)
+    if (
+        not rated_kinds
+        or len(set(rated_kinds)) < len(rated_kinds)
+        or not set(rated_kinds) <= set(DEGRADATIONS)
+    ):
+        raise ValueError(f"rated_kinds must be distinct kinds of {sorted(DEGRADATIONS)}, got {rated_kinds!r}")
     from genalign.toy.prompts import prompts_for, scene_for_spec
     from genalign.toy.scenes import render_scenes
 
@@ -89,7 +99,7 @@ def quality_renders(
     part = (num_levels - 1) / num_levels  # the width of each continuous level's part of [0, num_levels - 1]
     for scene, (prompt, image) in enumerate(zip(chosen, clean)):
         base = _to_pil(image)
-        for kind in sorted(DEGRADATIONS):
+        for kind in rated_kinds:
             for index in range(num_levels):
                 level = index if levels == "whole" else round(part * (index + rng.uniform()), 2)
                 pixels = np.asarray(degrade(base, kind, level, rng), dtype=np.float32) / 255.0
@@ -161,6 +171,7 @@ def toy_quality_pool(
     levels: str = "whole",
     teacher_copies: bool = False,
     num_levels: int = LEVELS,
+    rated_kinds: Sequence[str] = RATED_KINDS,
 ) -> PromptPool:
     """A judge's prompt pool of toy renders (module docstring): :func:`quality_renders` of
     ``(split, scenes, seed)``, every image asked ``prompt``, degraded copies from
@@ -169,7 +180,8 @@ def toy_quality_pool(
     N times, one target each); with ``mos_targets``, one SFT target per image written from its MOS
     label instead (``<think>The quality of the image is WORD</think><answer>M.00</answer>``, ``WORD``
     the MOS level's word): supervised fine-tuning on the labels, the judge's non-RL baseline.
-    ``levels``, ``num_levels``: the degradation levels (:func:`quality_renders`). With
+    ``levels``, ``num_levels``, ``rated_kinds``: the degradations and their levels
+    (:func:`quality_renders`). With
     ``teacher_copies`` (a warm start only) each render's Q-Hawkeye degraded copy
     (:func:`~genalign.utils.degradations.degradation_pair` with ``degradation_seed + index``, as a
     pool without a teacher pairs each render, and as :func:`write_quality_set` does) joins the
@@ -180,7 +192,9 @@ def toy_quality_pool(
         raise ValueError("give either teacher (the teacher's ratings as targets) or mos_targets, not both")
     if teacher_copies and teacher is None:
         raise ValueError("teacher_copies needs a teacher: the copies have no MOS, only the teacher's ratings")
-    images, mos, records = quality_renders(split, scenes, seed, levels=levels, num_levels=num_levels)
+    images, mos, records = quality_renders(
+        split, scenes, seed, levels=levels, num_levels=num_levels, rated_kinds=rated_kinds
+    )
     columns: dict[str, Any] = {"category": [r["category"] for r in records]}
     if teacher_copies:
         copies = [
@@ -216,7 +230,8 @@ def write_quality_set(
     """Write ``images/``, ``mos.jsonl`` and ``pairs.jsonl`` (module docstring) under ``out``;
     returns the two JSONL paths. The images are :func:`quality_renders` of ``split`` and ``seed``
     (held-out scenes by default); ``renders`` are its other keywords (``scenes``, ``size``,
-    ``levels``, ``num_levels``), with its defaults. ``degradation_seed`` seeds the copies."""
+    ``levels``, ``num_levels``, ``rated_kinds``), with its defaults. ``degradation_seed`` seeds the
+    copies."""
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
     images, mos, records = quality_renders(split=split, seed=seed, **renders)
@@ -253,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write a toy image-quality set for genalign eval-reward.")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--split", default="heldout", choices=["train", "heldout"])
-    parser.add_argument("--scenes", type=int, default=24, help="scenes (3 x num-levels images each)")
+    parser.add_argument("--scenes", type=int, default=24, help="scenes (kinds x num-levels images each)")
     parser.add_argument("--seed", type=int, default=1, help="scene and degradation-level seed")
     parser.add_argument("--degradation-seed", type=int, default=0, help="seed of the degraded copies")
     parser.add_argument(
@@ -265,6 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--num-levels", type=int, default=LEVELS, choices=[4, 5], help="4: MOS 5 to 2; 5: down to MOS 1"
     )
+    parser.add_argument(
+        "--rated-kinds",
+        nargs="+",
+        default=list(RATED_KINDS),
+        choices=sorted(DEGRADATIONS),
+        help="the degradations rated at each level (darken: the darkening Q-Hawkeye's copies use too)",
+    )
     args = parser.parse_args(argv)
     paths = write_quality_set(
         args.out,
@@ -274,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenes=args.scenes,
         levels=args.levels,
         num_levels=args.num_levels,
+        rated_kinds=args.rated_kinds,
     )
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0

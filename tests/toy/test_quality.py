@@ -125,6 +125,34 @@ def test_five_levels_reach_mos_1_and_keep_the_four_level_scenes():
         quality_renders("heldout", scenes=1, num_levels=6)
 
 
+def test_rated_kinds_add_darkening_at_its_tabled_brightness_and_keep_the_other_kinds():
+    from PIL import Image, ImageEnhance
+
+    from genalign.toy.eval_data import DEGRADATIONS, degrade
+
+    images, mos, records = quality_renders(
+        "heldout", scenes=2, seed=3, rated_kinds=("blur", "jpeg", "noise", "darken")
+    )
+    assert images.shape == (32, 3, 64, 64) and mos == [5.0 - r["level"] for r in records]
+    assert [r["category"] for r in records[:16:4]] == ["blur", "jpeg", "noise", "darken"]
+    three = quality_renders("heldout", scenes=2, seed=3)[0]
+    # darkening draws no noise, so the three kinds' images are the default set's, scene by scene
+    torch.testing.assert_close(torch.cat([images[:12], images[16:28]]), three)
+    assert [r["level"] for r in records[12:16]] == [0, 1, 2, 3]  # scene 0's darkened renders
+    means = [image.mean().item() for image in images[12:16]]
+    assert all(a > b for a, b in zip(means, means[1:]))  # darker at each level
+    base = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    by_hand = ImageEnhance.Brightness(base).enhance(DEGRADATIONS["darken"][2])  # level 3's factor, 0.4
+    assert np.array_equal(
+        np.asarray(degrade(base, "darken", 3, np.random.default_rng(0))), np.asarray(by_hand)
+    )
+    assert np.array_equal(np.asarray(degrade(base, "darken", 0, np.random.default_rng(0))), np.asarray(base))
+    assert len(toy_quality_pool("train", scenes=1, rated_kinds=("darken",))) == 4
+    for bad in (("sepia",), (), ("blur", "blur")):
+        with pytest.raises(ValueError, match="rated_kinds must be distinct kinds"):
+            quality_renders("heldout", scenes=1, rated_kinds=bad)
+
+
 def jpeg(image, quality):
     import io
 
