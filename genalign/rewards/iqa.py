@@ -46,7 +46,9 @@ answer of the distribution the judge learnt, where greedy decoding picks each di
 of the answer's number is replaced by its expected value under the judge's next-token distribution
 (temperature 1) over the ten digit tokens at that position, given the completion up to it, and
 weighted by its place, ``score = sum_k 10^(p_k) sum_d d P(d | completion before digit k)``; one
-more forward per digit (with ``num_samples``, per sampled completion). As Q-Align's expectation
+more forward per answer (with ``num_samples``, per sampled completion), teacher-forced through its
+last digit, whose logits before each digit are read at once (one forward per digit where the
+tokenizer merges characters across a digit's cut, which Qwen2's and the toy's do not). As Q-Align's expectation
 over rating words, it turns ties between written numbers (2.00 against 2.00) into an order, and
 makes the reward a smooth function of the image for a generator's RL; it needs a tokenizer that
 writes one digit per token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
@@ -353,23 +355,57 @@ class VLMQualityReward(VLMJudgeReward):
         self, text: str, completions: Sequence[str], images: Sequence[Any]
     ) -> list[float | None]:
         """The "expected" readout of each completion of ``text`` about ``images[i]`` (None where no
-        number parses): one next-token forward per digit of the answer, all in one batch."""
-        queries, owners, places = [], [], []
+        number parses): one teacher-forced forward per completion, through its answer's last digit,
+        whose logits before each digit give that digit's distribution (:meth:`_digit_offsets`).
+        Where the tokens of a prefix are not a prefix of the whole's, that completion falls back to
+        one next-token forward per digit; the two agree where both apply (tests)."""
+        forced: list[tuple[int, str, list[int]]] = []  # (completion, text through its last digit, offsets)
+        prefixes: list[tuple[int, str]] = []  # (completion, text before one digit)
+        owners: list[tuple[int, float]] = []  # (completion, place value), in logit-row order
+        fallback: list[tuple[int, float]] = []
         for index, completion in enumerate(completions):
-            for offset, place in answer_digit_places(completion) or []:
-                queries.append(text + completion[:offset])
-                owners.append(index)
-                places.append(place)
+            places = answer_digit_places(completion) or []
+            if not places:
+                continue
+            through = text + completion[: places[-1][0] + 1]
+            offsets = self._digit_offsets(through, [text + completion[:offset] for offset, _ in places])
+            if offsets is None:
+                prefixes.extend((index, text + completion[:offset]) for offset, _ in places)
+                fallback.extend((index, place) for _, place in places)
+            else:
+                forced.append((index, through, offsets))
+                owners.extend((index, place) for _, place in places)
+        logits = []
+        if forced:
+            texts, offsets = [t for _, t, _ in forced], [o for _, _, o in forced]
+            logits += self.judge.logits_from_end(texts, [[images[i]] for i, _, _ in forced], offsets)
+        if prefixes:
+            texts = [t for _, t in prefixes]
+            logits.append(self.judge.next_token_logits(texts, [[images[i]] for i, _ in prefixes]))
         values: list[float | None] = [None] * len(completions)
-        if not queries:
+        if not logits:
             return values
-        logits = self.judge.next_token_logits(queries, [[images[index]] for index in owners])
-        probs = aggregate_word_logits(logits, self.answer["digit_ids"]).softmax(dim=-1)  # (Q, 10)
-        digits = probs @ torch.arange(10, dtype=probs.dtype, device=probs.device)
-        weighted = digits.cpu() * torch.tensor(places, dtype=torch.float32)
-        for index, value in zip(owners, weighted.tolist()):
-            values[index] = (values[index] or 0.0) + value
+        probs = aggregate_word_logits(torch.cat(logits), self.answer["digit_ids"]).softmax(dim=-1)  # (Q, 10)
+        digits = (probs @ torch.arange(10, dtype=probs.dtype, device=probs.device)).cpu().tolist()
+        for (index, place), digit in zip(owners + fallback, digits):
+            values[index] = (values[index] or 0.0) + place * digit
         return values
+
+    def _digit_offsets(self, whole: str, prefixes: Sequence[str]) -> list[int] | None:
+        """Where the logits predicting the token after each of ``prefixes`` stand in ``whole``,
+        counted back from its last token (:meth:`VLMJudge.logits_from_end`): the whole's token count
+        minus the prefix's. None when a prefix's tokens are not the whole's first tokens (a merge
+        across the cut), where that count would point elsewhere. An image placeholder expands alike
+        in the whole and its prefixes, so counting the text's tokens suffices."""
+        tokenize = self.judge.tokenizer
+        tokens = list(tokenize(whole)["input_ids"])
+        out = []
+        for prefix in prefixes:
+            head = list(tokenize(prefix)["input_ids"])
+            if tokens[: len(head)] != head:
+                return None
+            out.append(len(tokens) - len(head))
+        return out
 
     def answer_scores(self, images: torch.Tensor) -> RewardOutput:
         """The "answer" preset (module docstring): each image's greedy ``<answer>`` number, clamped;

@@ -396,6 +396,27 @@ class VLMJudge(torch.nn.Module):
         return torch.cat(rows, dim=0)
 
     @torch.no_grad()
+    def logits_from_end(
+        self, texts: Sequence[str], images: Sequence[Sequence[ImageLike]], offsets: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        """For each rendered text, the float32 logits ``[len(offsets[i]), V]`` at the positions
+        ``offsets[i]`` counted back from its last token (0: the last token's, which predict the token
+        after the text; 1: the one before). One teacher-forced forward per text, batched: what
+        :meth:`next_token_logits` gives for each prefix of a text, without a forward per prefix."""
+        if len(offsets) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(offsets)} offset lists")
+        rows: list[torch.Tensor] = []
+        for chunk in self._chunks(len(texts)):
+            inputs = self.encode(texts[chunk], images[chunk])
+            wanted = offsets[chunk]
+            keep = 1 + max((max(o) for o in wanted if len(o)), default=0)
+            extra = {"logits_to_keep": keep} if self._logits_to_keep else {}
+            logits = self.model(**inputs, use_cache=False, **extra).logits  # (b, L or keep, V)
+            for row, row_offsets in zip(logits, wanted):  # left padded: every text ends at the last column
+                rows.append(row[[row.shape[0] - 1 - o for o in row_offsets]].float())
+        return rows
+
+    @torch.no_grad()
     def generate(
         self,
         texts: Sequence[str],

@@ -359,3 +359,69 @@ def test_the_expected_readout_of_sampled_answers_is_the_mean_over_the_parsed_one
         per_answer.append(single(images[:2], None).scores)
     torch.testing.assert_close(out.scores, torch.stack(per_answer).mean(0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.details["answer_parsed"], torch.tensor([2 / 3, 2 / 3]))
+
+
+def test_logits_from_end_are_each_prefixs_next_token_logits(tiny_llava, images):
+    """One teacher-forced forward per text gives, at each offset from its end, what a forward of
+    the prefix ending there gives for its next token; texts of different lengths share a batch
+    (left padding) and the batches are chunked (batch size 2 for 3 texts)."""
+    from genalign.rewards.vlm import VLMJudge
+
+    judge = VLMJudge(*tiny_llava, batch_size=2)
+    base = chat_text(("user", "<image>Rate it."), generation_prompt="<think>ok</think><answer>")
+    wholes = [base + "4.25", base + "3", base + "12.5"]
+    offsets = [[3, 1, 0], [1], [4, 2]]
+    rows = judge.logits_from_end(wholes, [[image] for image in images], offsets)
+    for whole, image, row_offsets, row in zip(wholes, images, offsets, rows):
+        tokens = judge.tokenizer(whole)["input_ids"]
+        assert row.shape == (len(row_offsets), judge.model.config.text_config.vocab_size)
+        for offset, logits in zip(row_offsets, row):
+            prefix = judge.tokenizer.decode(tokens[: len(tokens) - offset], skip_special_tokens=False)
+            torch.testing.assert_close(
+                logits, last_logits(*tiny_llava, prefix, [image]), atol=1e-4, rtol=1e-4
+            )
+    with pytest.raises(ValueError, match="got 3 texts but 1 offset lists"):
+        judge.logits_from_end(wholes, [[image] for image in images], [[0]])
+
+
+def test_the_expected_readout_forces_one_forward_per_answer_and_falls_back_where_tokens_merge(
+    tiny_llava, images, monkeypatch
+):
+    reward = VLMQualityReward(
+        *tiny_llava, preset="answer", question="Rate it.", answer_range=(0, 100), readout="expected"
+    )
+    scripted_judge(reward, monkeypatch)
+    calls = {"forced": 0, "prefixes": 0}
+    forced, prefixes = reward.judge.logits_from_end, reward.judge.next_token_logits
+
+    def count(name, function):
+        def wrapped(texts, *args):
+            calls[name] += len(texts)
+            return function(texts, *args)
+
+        return wrapped
+
+    monkeypatch.setattr(reward.judge, "logits_from_end", count("forced", forced))
+    monkeypatch.setattr(reward.judge, "next_token_logits", count("prefixes", prefixes))
+    one_pass = reward(images, None).scores
+    assert calls == {"forced": 2, "prefixes": 0}  # two parsed answers, one forward each
+    monkeypatch.setattr(
+        reward, "_digit_offsets", lambda whole, prefixes: None
+    )  # as if every cut merged tokens
+    per_digit = reward(images, None).scores
+    assert calls == {"forced": 2, "prefixes": 4}  # 4.25 and 7: three digits and one
+    torch.testing.assert_close(one_pass, per_digit, atol=1e-5, rtol=1e-5)
+
+
+def test_digit_offsets_count_back_from_the_end_and_refuse_a_merge_across_the_cut(tiny_llava, monkeypatch):
+    reward = VLMQualityReward(*tiny_llava, preset="answer", question="Rate it.", readout="expected")
+    by_character = lambda text: {"input_ids": [ord(c) for c in text]}  # noqa: E731
+    monkeypatch.setattr(type(reward.judge), "tokenizer", property(lambda judge: by_character))
+    assert reward._digit_offsets("<a>4.25", ["<a>", "<a>4.", "<a>4.2"]) == [4, 2, 1]
+
+    def merging(text):  # "4." is one token: the prefix "<a>4" ends inside it
+        return {"input_ids": [ord(c) for c in text.replace("4.", "\x00")]}
+
+    monkeypatch.setattr(type(reward.judge), "tokenizer", property(lambda judge: merging))
+    assert reward._digit_offsets("<a>4.25", ["<a>", "<a>4.", "<a>4.2"]) == [3, 2, 1]
+    assert reward._digit_offsets("<a>4.25", ["<a>", "<a>4"]) is None
