@@ -48,10 +48,10 @@ of the answer's number is replaced by its expected value under the judge's next-
 weighted by its place, ``score = sum_k 10^(p_k) sum_d d P(d | completion before digit k)``; one
 more forward per answer (with ``num_samples``, per sampled completion), teacher-forced through its
 last digit, whose logits before each digit are read at once (one forward per digit where the
-tokenizer merges characters across a digit's cut, which Qwen2's and the toy's do not). As Q-Align's expectation
-over rating words, it turns ties between written numbers (2.00 against 2.00) into an order, and
-makes the reward a smooth function of the image for a generator's RL; it needs a tokenizer that
-writes one digit per token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
+tokenizer merges characters across a digit's cut). As Q-Align's expectation over rating words, it
+turns ties between written numbers (2.00 against 2.00) into an order, and makes the reward a
+smooth function of the image for a generator's RL; it needs a tokenizer that writes one digit per
+token (Qwen2's does). ``preset=None`` (the default) reads ``iqa_judge.json`` in the
 model folder, which a ``q_hawkeye`` run writes into its ``final/`` with the question and token
 budget it trained with, so ``load_reward("iqa", model="runs/RUN/final")`` asks the judge what it
 learnt to answer; a folder without that file gets ``qalign``.

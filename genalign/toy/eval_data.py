@@ -42,12 +42,8 @@ DEGRADATIONS = {
 }
 # the kinds assets/eval/quality and genalign.toy.quality rate unless told otherwise
 RATED_KINDS = ("blur", "jpeg", "noise")
-_CLEAN_STRENGTH = {
-    "blur": 0.0,
-    "noise": 0.0,
-    "jpeg": 100,
-    "darken": 1.0,
-}  # level 0, for levels between 0 and 1
+# level 0's strength (unchanged), for levels between 0 and 1
+_CLEAN_STRENGTH = {"blur": 0.0, "noise": 0.0, "jpeg": 100, "darken": 1.0}
 
 
 def _to_pil(image: torch.Tensor) -> Image.Image:

@@ -3,8 +3,9 @@
 Scenes of a prompt split (``train``: what toy-vlm was trained on; ``heldout``: captions it never
 saw, :mod:`genalign.toy.prompts`) are rendered at 64 px and degraded by blur, noise or JPEG at
 levels 0-3 exactly as ``assets/eval/quality/mos.jsonl`` is (:func:`genalign.toy.eval_data.degrade`),
-with ``mos = 5 - level`` (``rated_kinds`` adds darkening, the fourth kind of Q-Hawkeye's copies); or, with ``levels="continuous"``, at real-valued levels in [0, 3], so the MOS
-is a real number as a mean opinion score is. Three uses:
+with ``mos = 5 - level`` (``rated_kinds`` adds darkening, the fourth kind of Q-Hawkeye's copies,
+and ``num_levels=5`` a level 4, MOS 1); or, with ``levels="continuous"``, at real-valued levels in
+[0, 3], so the MOS is a real number as a mean opinion score is. Three uses:
 
 * :func:`toy_quality_pool` is a recipe's prompt source: the judge's pool
   (:func:`~genalign.trainers.quality_pool.quality_pool_of`: images, degraded copies, MOS) and, with
