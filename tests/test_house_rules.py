@@ -2,7 +2,8 @@
 
 * no module in ``genalign/`` over 600 lines;
 * no function over 100 lines, except the ``__call__`` of a pipeline (``genalign/pipelines``),
-  which mirrors diffusers' one-loop convention.
+  which mirrors diffusers' one-loop convention;
+* the toy models in ``assets/models`` within their 60 MB budget (the repository ships them).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "genalign"
+MODELS = PACKAGE.parent / "assets" / "models"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 100
+MODELS_BUDGET_BYTES = 60 * 2**20
 
 
 def _modules() -> list[Path]:
@@ -44,6 +47,11 @@ def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
     return out
 
 
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file below ``folder`` (what a clone of the repository carries there)."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
 def test_no_module_over_600_lines():
     assert long_files() == []
 
@@ -52,7 +60,13 @@ def test_no_function_over_100_lines_but_pipeline_calls():
     assert long_functions() == []
 
 
+def test_the_toy_models_stay_within_their_60_mb_budget():
+    used = folder_bytes(MODELS)
+    assert used <= MODELS_BUDGET_BYTES, f"assets/models holds {used / 2**20:.1f} MiB, over its 60 MB budget"
+
+
 def test_the_checks_can_fail():
     # the same scans with tight limits do find offenders, so an empty list above means something
     assert long_files(limit=50)
     assert long_functions(limit=20)
+    assert folder_bytes(MODELS) > 2**20  # the models are there to be counted

@@ -7,7 +7,7 @@ The demo (issue #6, DESIGN.md "The offline world") runs in minutes on a CPU, off
    pretraining distribution, never trained on by RL), the **RL-train** prompts, and **unseen
    combinations** (a compositional-generalisation probe, never a target);
 2. RL-train it on the recipe's prompts against a *learned* toy reward (``configs/toy/demo.yaml``:
-   DiffusionNFT on ``toy-sd-web`` with ``toy-vlm``'s VQAScore), with the verifier attached as a
+   DiffusionNFT on ``toy-sd-web70`` with ``toy-vlm``'s VQAScore), with the verifier attached as a
    monitor (scored on the same rollouts, never used for advantages) and, every
    ``eval_every`` steps, an RL-held-out evaluation;
 3. evaluate again with the same prompts and seeds, and write ``report.md`` to the run folder with
