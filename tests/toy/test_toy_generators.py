@@ -35,7 +35,13 @@ from genalign.toy.generators import (
 )
 
 MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"
-FAMILIES = {"toy-sd": "sd", "toy-sd-web": "sd", "toy-sd-web70": "sd", "toy-lcm": "consistency", "toy-flow": "flow"}
+FAMILIES = {
+    "toy-sd": "sd",
+    "toy-sd-web": "sd",
+    "toy-sd-web70": "sd",
+    "toy-lcm": "consistency",
+    "toy-flow": "flow",
+}
 # The shipped models are the folders with a card; a model not yet committed is not collected (see
 # the issue #6 report), and every committed one must load and reproduce its card.
 SHIPPED = [(name, family) for name, family in FAMILIES.items() if (MODELS / name / "card.json").exists()]
