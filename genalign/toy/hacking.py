@@ -140,6 +140,11 @@ def hacking_lines(
     return lines
 
 
+def _sd_text(effect: float | None) -> str:
+    """An effect in starting sds, or n/a where the start had no spread (every image scored alike)."""
+    return "n/a" if effect is None or math.isnan(effect) else f"{effect:+.2f}"
+
+
 def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
     """The reward on the RL-train evaluation images: no rollout noise, the same seeds before and after."""
     within = "n/a" if math.isnan(change.within_std) else f"{change.change / change.within_std:+.2f}"
@@ -155,7 +160,7 @@ def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: s
         closed = change.gap_closed
         lines += [
             f"Ground-truth renders of the same prompts score {change.ground_truth:.4f} with this reward "
-            f"({change.ground_truth_effect:+.2f} starting sd above the start): the most a perfect generator "
+            f"({_sd_text(change.ground_truth_effect)} starting sd above the start): the most a perfect generator "
             "could gain without exploiting the reward's errors"
             + (f"; training closed {closed:.0%} of that gap." if closed is not None else "."),
             "",
