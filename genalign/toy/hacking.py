@@ -147,7 +147,7 @@ def _sd_text(effect: float | None) -> str:
 
 def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
     """The reward on the RL-train evaluation images: no rollout noise, the same seeds before and after."""
-    within = "n/a" if math.isnan(change.within_std) else f"{change.change / change.within_std:+.2f}"
+    within = _sd_text(change.change / change.within_std)  # NaN within-prompt std: n/a
     lines = [
         f"The {'reward' if oracle else 'learned reward'} on the {len(evaluation.items)} RL-train evaluation "
         f"images (the same prompts and seeds before and after): {change.before:.4f} → {change.after:.4f}, "
