@@ -85,6 +85,7 @@ __all__ = [
     "evaluate_policy",
     "hacking_check",
     "heldout_eval_set",
+    "resolve_asset",
     "run_demo",
     "write_report",
 ]
@@ -378,7 +379,7 @@ def _change_text(change: float, low: float, high: float) -> str:
 # -- the run ------------------------------------------------------------------------------------------
 
 
-def _resolve_asset(value: Any) -> Any:
+def resolve_asset(value: Any) -> Any:
     """``assets/...`` paths (optionally after a ``local-dir:`` prefix) resolve against the
     repository when they do not exist from the working directory, so the demo runs anywhere."""
     if not isinstance(value, str):
@@ -411,8 +412,8 @@ def run_demo(
     start = time.perf_counter()
     recipe = Path(recipe)
     config = load_recipe(recipe, list(overrides))
-    config.model.path = _resolve_asset(config.model.path)
-    config.reward.kwargs = {k: _resolve_asset(v) for k, v in config.reward.kwargs.items()}
+    config.model.path = resolve_asset(config.model.path)
+    config.reward.kwargs = {k: resolve_asset(v) for k, v in config.reward.kwargs.items()}
     if "shapes_eval" not in config.reward.monitors:
         config.reward.monitors["shapes_eval"] = {}
     if oracle is not None:
