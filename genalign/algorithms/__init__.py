@@ -25,7 +25,7 @@ from genalign.algorithms.astrolabe import *  # noqa: F403
 from genalign.algorithms.b2diffurl import *  # noqa: F403
 from genalign.algorithms.copy_order import *  # noqa: F403
 from genalign.algorithms.kl import *  # noqa: F403
-from genalign.algorithms.losses import ppo_clip_loss, reduce_log_prob, score_function_loss
+from genalign.algorithms.losses import NO_CLIP, ppo_clip_loss, reduce_log_prob, score_function_loss
 from genalign.algorithms.nft import *  # noqa: F403
 from genalign.algorithms.prompt_rewrite import *  # noqa: F403
 from genalign.algorithms.q_hawkeye import *  # noqa: F403
@@ -60,6 +60,7 @@ _REEXPORTED = (
 )
 __all__ = [
     *(name for module in _REEXPORTED for name in import_module(f"{__name__}.{module}").__all__),
+    "NO_CLIP",
     "ppo_clip_loss",
     "reduce_log_prob",
     "score_function_loss",

@@ -24,7 +24,7 @@ import torch
 
 RatioReduction = Literal["sum", "mean"]
 
-__all__ = ["clip_bounds", "ppo_clip_loss", "reduce_log_prob", "score_function_loss"]
+__all__ = ["NO_CLIP", "clip_bounds", "ppo_clip_loss", "reduce_log_prob", "score_function_loss"]
 
 
 def reduce_log_prob(
@@ -54,12 +54,17 @@ def _check_shapes(**tensors: torch.Tensor) -> None:
         raise ValueError(f"expected matching shapes [B]; got {described}")
 
 
+# the clip range that clips nothing: [1 - 1, 1 + inf] holds every ratio exp(.) > 0
+NO_CLIP = (1.0, float("inf"))
+
+
 def clip_bounds(clip_range: float | tuple[float, float]) -> tuple[float, float]:
     """``(eps_low, eps_high)`` of a symmetric ``eps`` or an asymmetric pair, checked:
-    ``0 <= eps_low < 1`` and ``eps_high >= 0`` (the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``)."""
+    ``0 <= eps_low <= 1`` and ``eps_high >= 0`` (the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``;
+    ``(1, inf)`` leaves every ratio, which is > 0, unclipped: :data:`NO_CLIP`)."""
     low, high = (clip_range, clip_range) if isinstance(clip_range, (int, float)) else clip_range
-    if not (0 <= low < 1 and high >= 0):
-        raise ValueError(f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range}")
+    if not (0 <= low <= 1 and high >= 0):
+        raise ValueError(f"clip_range must satisfy 0 <= eps_low <= 1 and eps_high >= 0, got {clip_range}")
     return low, high
 
 

@@ -485,3 +485,65 @@ def test_accuracy_signal_separates_the_mos_signal_from_parse_failures():
     assert out["answer_identical_groups"] == 0.5
     none = accuracy_signal(torch.zeros(2), torch.tensor([nan, nan]), torch.tensor([0, 0]))
     assert math.isnan(none["answer_identical_groups"]) and none["accuracy_zero_variance_groups"] == 1.0
+
+
+class _FixedPolicy:
+    """``log_prob`` returns fixed current log-probs with gradients; the reference is the old policy."""
+
+    def __init__(self, log_probs: torch.Tensor, reference: torch.Tensor) -> None:
+        self.current, self.ref, self.in_reference = log_probs, reference, False
+
+    def log_prob(self, trajectory):
+        return self.ref if self.in_reference else self.current
+
+    def reference(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            self.in_reference = True
+            try:
+                yield
+            finally:
+                self.in_reference = False
+
+        return scope()
+
+
+@pytest.mark.parametrize("ratio_clip", [False, True])
+def test_ratio_clip_switches_between_the_official_unclipped_loss_and_token_ppos_range(ratio_clip):
+    from types import SimpleNamespace
+
+    config = load_recipe(
+        TOY, ["train.q_hawkeye.perception_gamma=0", f"train.q_hawkeye.ratio_clip={str(ratio_clip).lower()}"]
+    ).train
+    old = torch.tensor([[-1.0, -1.0, -2.0], [-0.5, -1.5, -1.0]])
+    # rho = exp(0.5) = 1.65 on the first row (outside 1 +- 0.2), exp(-0.05) = 0.95 on the second
+    current = (old + torch.tensor([[0.5, 0.5, 0.0], [-0.05, -0.05, 0.0]])).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    trajectory = SimpleNamespace(
+        log_probs=old, completion_mask=mask, settings=SimpleNamespace(max_new_tokens=3), extras={}
+    )
+    advantages = torch.tensor([1.0, -1.0])
+    loss, _ = QHawkeyeLoss(config)(_FixedPolicy(current, old), trajectory, 0, advantages)
+    loss.backward()
+    # by hand, per token: -A * rho (unclipped), or -min(A rho, A clip(rho, 0.8, 1.2)) (clipped); the
+    # k3 KL (beta 0.04) to the reference = old: exp(r) - r - 1 with r = old - current
+    rho = torch.exp(current.detach() - old)
+    surrogate = -advantages[:, None] * rho
+    if ratio_clip:
+        clipped = -advantages[:, None] * rho.clamp(
+            1 - config.token_ppo.eps_low, 1 + config.token_ppo.eps_high
+        )
+        surrogate = torch.maximum(surrogate, clipped)
+    r = old - current.detach()
+    per_token = surrogate + config.kl_coef * (torch.exp(r) - r - 1)
+    assert config.token_ppo.aggregation == "sequence_mean"
+    expected = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    # the clipped row (A > 0, rho > 1.2) gets only the KL's gradient when clipping is on
+    kl_only = config.kl_coef * (1 - torch.exp(r[0, :2])) / 2 / 2
+    if ratio_clip:
+        assert current.grad[0, :2] == pytest.approx(kl_only.tolist(), rel=1e-5)
+    else:
+        assert (current.grad[0, :2] - kl_only).abs().min() > 0.1

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from genalign.algorithms import cosine_annealed, perception_term
+from genalign.algorithms import NO_CLIP, cosine_annealed, perception_term
 from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.token_ppo import TokenPPOLoss
 
@@ -85,7 +85,7 @@ class QHawkeyeLoss(TokenPPOLoss):
     def __call__(self, policy, trajectory, step_index, advantages):
         options = self.config.q_hawkeye
         log_probs = policy.log_prob(trajectory)  # (B, L) under the current weights
-        clip = None if options.ratio_clip else (0.0, float("inf"))
+        clip = None if options.ratio_clip else NO_CLIP
         loss, metrics = self.token_loss(policy, trajectory, log_probs, advantages, clip_range=clip)
         gamma = self.gamma(self.step)
         metrics["perception_gamma"] = torch.tensor(gamma)

@@ -49,7 +49,7 @@ class TokenPPOLoss(PolicyLoss):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss and metrics given the current ``log_probs`` ``[B, L]`` (a loss composing this
         one, Q-Hawkeye's, reuses them); ``clip_range``: ``(eps_low, eps_high)`` instead of
-        ``train.token_ppo``'s (``(0, inf)``: no clipping, since ``rho > 0``)."""
+        ``train.token_ppo``'s (:data:`~genalign.algorithms.NO_CLIP`: no clipping)."""
         options = self.config.token_ppo
         kl_coef = float(self.config.kl_coef)
         device = log_probs.device
