@@ -37,6 +37,22 @@ def model_path(name: str) -> Path:
     return Path(name) if Path(name).exists() else ROOT / "assets/models" / name
 
 
+def load_generator(name: str, start: str):
+    """The sd-family policy of a model folder, or of a fully fine-tuned run's ``final/`` (only its
+    ``unet/``): ``start``'s pipeline with that UNet's weights."""
+    from diffusers import UNet2DConditionModel
+
+    from genalign.policies import load_policy
+
+    folder = model_path(name)
+    if (folder / "model_index.json").exists() or not (folder / "unet").is_dir():
+        return load_policy("sd", folder)
+    policy = load_policy("sd", model_path(start))
+    trained = UNet2DConditionModel.from_pretrained(folder / "unet")
+    policy.denoiser.load_state_dict(trained.state_dict())
+    return policy
+
+
 def effect_sd(scores: Sequence[float], start: Sequence[float]) -> float:
     """``(mean(scores) - mean(start)) / std(start)`` (ddof 1): how many starting stds above the
     start a set of images scores, the unit of #21's "+1 starting sd"; NaN for a start with no
@@ -78,7 +94,6 @@ def ceiling_rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from genalign.policies import load_policy
     from genalign.rewards import load_reward
     from genalign.toy.demo import ORACLE_REWARDS, resolve_asset
     from genalign.toy.evaluation import eval_set_for_images, evaluate_policy, ground_truth_renders
@@ -90,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "--models",
         nargs="+",
         default=["toy-sd-web70", "toy-sd"],
-        help="names under assets/models or folders (a run's final/); the first is the start",
+        help="names under assets/models or folders (a run's final/ too); the first is the start",
     )
     parser.add_argument(
         "--recipe", default=str(ROOT / "configs/toy/demo.yaml"), help="its sampler and learned reward"
@@ -127,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     scores: dict[str, dict[str, list[float]]] = {}
     correct: dict[str, list[bool]] = {}
     for model in args.models:
-        policy = trainer.policy if model == args.models[0] else load_policy("sd", model_path(model))
+        policy = trainer.policy if model == args.models[0] else load_generator(model, args.models[0])
         result, images = evaluate_policy(policy, items, sampling)
         scores[model] = score(images)
         correct[model] = [bool(s["correct"]) for s in result["per_sample"]]
