@@ -88,6 +88,9 @@ def group_advantages(
             eps)`` with ``s`` as above (the spread of the rewards themselves). ReMax (Li et al.
             2023, arXiv 2310.10505, Alg. 1) takes ``b_i`` = the reward of the greedy answer to
             sample ``i``'s prompt, so only samples that beat the policy's mode are reinforced.
+            Where ``s`` is 0 (a group, or with ``"global"`` the batch, whose rewards all tie) the
+            advantages are 0, as without a baseline: ``(r_i - b_i) / eps`` would scale a tie's
+            gap to its baseline by ``1 / eps``.
 
     Returns:
         float ``[B]`` advantages in ``rewards``' dtype (at least float32) and device.
@@ -132,6 +135,8 @@ def group_advantages(
         group_var = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
         group_var = group_var.index_add_(0, index, centred**2) / counts  # [num_groups]
         scale = group_var.sqrt()[index]  # [B]
+    if baseline is not None:  # a tied group has no spread to scale its gap to the baseline by
+        advantages = torch.where(scale > 0, advantages, torch.zeros_like(advantages))
     return (advantages / (scale + eps)).to(dtype)
 
 

@@ -165,3 +165,14 @@ def test_tracker_rejects_unusable_settings():
         PerPromptStatTracker(buffer_size=2, min_count=3)
     with pytest.raises(ValueError):
         PerPromptStatTracker(buffer_size=0, min_count=0)
+
+
+@pytest.mark.parametrize("std", ["group", "global"])
+def test_a_tied_group_gets_zero_advantages_against_a_baseline_too(std):
+    # group 0 ties at 0.5 against a greedy baseline of 0.51: (0.5 - 0.51) / 1e-4 = -100 before
+    rewards = torch.tensor([0.5, 0.5, 0.0, 1.0]) if std == "group" else torch.full((4,), 0.5)
+    baseline = torch.tensor([0.51, 0.51, 0.2, 0.2])
+    advantages = group_advantages(rewards, 2, std=std, baseline=baseline)
+    assert advantages[:2].tolist() == [0.0, 0.0]
+    if std == "group":  # the spread group keeps (r - b) / (s + eps), s = 0.5
+        torch.testing.assert_close(advantages[2:], (rewards[2:] - 0.2) / (0.5 + 1e-4))
