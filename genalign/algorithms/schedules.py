@@ -3,8 +3,9 @@
 ``learning_rate_factor(n, ...)`` is the factor after ``n`` optimiser steps, for
 ``torch.optim.lr_scheduler.LambdaLR``: a linear warm-up ``min(1, (n + 1) / warmup_steps)`` times
 the schedule's decay, ``1`` (``"constant"``, DDPO's and Flow-GRPO's) or
-``max(0, 1 - n / decay_steps)`` (``"linear"``: RLCM's ``LinearLR(start_factor=1, end_factor=0)``,
-Oertell et al. 2024, code release) or ``step_factor ** (n // step_every)`` (``"step"``: RLRF's
+``max(0, 1 - max(0, n - warmup_steps) / (decay_steps - warmup_steps))`` (``"linear"``: RLCM's
+``LinearLR(start_factor=1, end_factor=0)``, Oertell et al. 2024, code release, which has no
+warm-up; with one, the decay starts after it, as transformers' linear schedule with warm-up) or ``step_factor ** (n // step_every)`` (``"step"``: RLRF's
 learning rate "decayed by 70% every 100 steps", Rodriguez et al. 2025, as quoted publicly) or
 ``(1 + cos(pi * min(1, (n - warmup_steps) / (decay_steps - warmup_steps)))) / 2`` (``"cosine"``:
 transformers' ``get_cosine_schedule_with_warmup``, Q-Hawkeye's schedule; 1 during the warm-up).
@@ -42,7 +43,8 @@ def learning_rate_factor(
     if schedule == "linear":
         if decay_steps is None or decay_steps <= 0:
             raise ValueError(f"a linear schedule needs positive decay_steps, got {decay_steps}")
-        return warmup * max(0.0, 1.0 - optimizer_steps / decay_steps)
+        span = max(1, decay_steps - warmup_steps)
+        return warmup * max(0.0, 1.0 - max(0, optimizer_steps - warmup_steps) / span)
     if schedule == "step":
         if step_every <= 0:
             raise ValueError(f"a step schedule needs positive step_every, got {step_every}")

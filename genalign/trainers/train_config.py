@@ -262,6 +262,15 @@ class TrainConfig:
     def _check_optimiser(self) -> None:
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError(f"train.lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        if (
+            self.strategy == "b2diffurl"
+            and self.lr_schedule in ("linear", "cosine")
+            and self.lr_decay_steps is None
+        ):
+            raise ConfigError(
+                f"train.lr_decay_steps: a {self.lr_schedule} schedule with b2diffurl needs it set (the "
+                "selected branches vary in number, so the run's optimiser steps are not known ahead)"
+            )
         if self.lr_step_every <= 0 or not 0 < self.lr_step_factor <= 1:
             raise ConfigError(
                 f"train.lr_step_every must be positive and train.lr_step_factor in (0, 1], got "
@@ -302,10 +311,17 @@ class TrainConfig:
         return self.prompts_per_step * self.group_size
 
     @property
+    def trained_samples_per_step(self) -> int:
+        """Samples a step trains on: ``samples_per_step``, twice that when the ``q_hawkeye``
+        strategy also rolls out every image's degraded copy as a group (``copy_weight`` > 0)."""
+        copies = self.strategy == "q_hawkeye" and self.q_hawkeye.copy_weight > 0
+        return self.samples_per_step * (2 if copies else 1)
+
+    @property
     def planned_optimizer_steps(self) -> int:
-        """Optimiser steps of the run when every sample of every step is trained on (the groups
-        strategy): ``num_steps * inner_epochs * ceil(ceil(batch / minibatch) / accumulation)``."""
-        minibatches = -(-self.samples_per_step // self.minibatch_size)
+        """Optimiser steps of the run when every sample of every step is trained on:
+        ``num_steps * inner_epochs * ceil(ceil(trained batch / minibatch) / accumulation)``."""
+        minibatches = -(-self.trained_samples_per_step // self.minibatch_size)
         return self.num_steps * self.inner_epochs * -(-minibatches // self.gradient_accumulation_steps)
 
     def learning_rate_factor(self, optimizer_steps: int) -> float:

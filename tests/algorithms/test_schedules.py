@@ -21,8 +21,8 @@ def test_factors_on_hand_numbers():
     assert [learning_rate_factor(n, schedule="linear", decay_steps=4) for n in range(6)] == [
         1.0, 0.75, 0.5, 0.25, 0.0, 0.0,
     ]  # fmt: skip
-    # warm-up (n + 1) / 2 times the linear decay 1 - n / 4
-    assert [learning_rate_factor(n, 2, "linear", 4) for n in range(3)] == [0.5, 0.75, 0.5]
+    # warm-up (n + 1) / 2, then the linear decay over the 4 - 2 steps after it: 1 - (n - 2) / 2
+    assert [learning_rate_factor(n, 2, "linear", 4) for n in range(6)] == [0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
     with pytest.raises(ValueError, match="decay_steps"):
         learning_rate_factor(0, schedule="linear")
     with pytest.raises(ValueError, match="schedule"):
@@ -55,6 +55,23 @@ def test_planned_optimizer_steps_and_config_checks():
     assert config.planned_optimizer_steps == 10 and config.learning_rate_factor(5) == 0.5
     with pytest.raises(ConfigError, match="train.lr_decay_steps"):
         TrainConfig(lr_decay_steps=0)
+
+
+def test_the_planned_steps_count_the_q_hawkeye_copies_and_b2diffurl_needs_a_horizon():
+    from genalign.trainers.method_config import QHawkeyeConfig
+
+    shape = {"num_steps": 4, "prompts_per_step": 4, "group_size": 8, "minibatch_size": 8}
+    shape |= {"gradient_accumulation_steps": 4, "strategy": "q_hawkeye", "method": "q_hawkeye"}
+    plain = TrainConfig(**shape)
+    copies = TrainConfig(**shape, q_hawkeye=QHawkeyeConfig(copy_weight=0.5))
+    # the copies double the trained batch (8 minibatches a step): 8 optimiser steps, not 4, so a
+    # cosine schedule over the run does not reach 0 halfway
+    assert (plain.planned_optimizer_steps, copies.planned_optimizer_steps) == (4, 8)
+    b2diffurl = {"strategy": "b2diffurl", "method": "b2diffurl", "lr_schedule": "cosine"}
+    b2diffurl |= {"prompts_per_step": 2, "group_size": 1, "minibatch_size": 2}
+    with pytest.raises(ConfigError, match="train.lr_decay_steps: a cosine schedule with b2diffurl"):
+        TrainConfig(**b2diffurl)
+    assert TrainConfig(**b2diffurl, lr_decay_steps=10).lr_decay_steps == 10
 
 
 def test_trainer_optimizer_follows_the_recipe_schedule(tmp_path, monkeypatch):
