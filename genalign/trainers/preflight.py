@@ -1,4 +1,4 @@
-"""Checks of a recipe's names before any model loads.
+"""Checks of a recipe's names and ``train`` settings before any model loads.
 
 A typo in ``train.loss`` ("losss") or ``train.strategy`` used to be reported only after the
 policy had loaded, minutes into a run on a real model; an unknown reward option surfaced as a
@@ -7,18 +7,28 @@ a recipe (policy family, reward, monitors, strategy, loss), imports ``"module:Cl
 and checks reward options against the reward's constructor, raising a
 :class:`~genalign.config.ConfigError` that names the key, offers the closest registered name and
 lists the rest.
+
+Then :func:`check_train_settings` refuses ``train`` values the schema accepts but no run can
+use (a negative or non-finite learning rate, a non-positive advantage clip, a negative
+gradient-norm clip or PPO clip range), ``train`` keys the selected loss or strategy never reads
+(``kl_coef`` under the ``astrolabe`` and ``sft`` losses; ``advantage``, ``advantage_std`` and
+``tracker_*`` under the ``q_hawkeye`` and ``astrolabe`` strategies, and ``advantage_clip`` under
+``astrolabe``), these only when set to a value other than the default, and ``group_noise`` with
+``drop_zero_advantage``, whose re-split minibatches can cut a prompt group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
+import math
 from typing import Any
 
 from genalign.config import ConfigError
 from genalign.registry import Registry, import_object
 
-__all__ = ["check_recipe_names", "resolve_name"]
+__all__ = ["check_recipe_names", "check_train_settings", "resolve_name"]
 
 
 def resolve_name(registry: Registry, name: str, key: str) -> Any:
@@ -64,7 +74,8 @@ def _check_reward_class(entry: Any, key: str, base: type) -> None:
 
 
 def check_recipe_names(config: Any) -> None:
-    """Resolve every registry name in a :class:`~genalign.trainers.config.RecipeConfig`."""
+    """Resolve every registry name in a :class:`~genalign.trainers.config.RecipeConfig`, then
+    :func:`check_train_settings` (the trainer runs both before any model loads)."""
     from genalign.policies import POLICIES
     from genalign.rewards import Reward
     from genalign.rewards.base import REWARDS
@@ -90,6 +101,7 @@ def check_recipe_names(config: Any) -> None:
             f"train.group_noise: the {config.train.loss!r} loss does not draw its forward noise by "
             "prompt group (the loss that does: nft)"
         )
+    check_train_settings(config.train)
 
 
 def _check_fusable(loss: Any, config: Any) -> None:
@@ -102,4 +114,72 @@ def _check_fusable(loss: Any, config: Any) -> None:
         raise ConfigError(
             f"train.fuse_timesteps: the {config.train.loss!r} loss is not a mean over per-row terms, "
             "so its trained steps cannot run as one call (losses that can: nft, ppo_clip)"
+        )
+
+
+# train keys a loss never reads (key -> what to use instead), by loss name
+_IGNORED_BY_LOSS: dict[str, dict[str, str]] = {
+    "astrolabe": {"kl_coef": "its KL weight is train.astrolabe.kl_weight; set that instead"},
+    "sft": {"kl_coef": "supervised fine-tuning has no KL term; leave train.kl_coef at 0"},
+}
+_QH_ADVANTAGES = (
+    "it always computes its own uncertainty-aware group advantages (train.q_hawkeye.uncertainty, "
+    "alpha, score_min, score_max; clipped to train.advantage_clip); remove the key"
+)
+_ASTROLABE_ADVANTAGES = (
+    "its advantages are (reward - prompt mean) / batch std, clipped to train.astrolabe.advantage_clip; "
+    "remove the key"
+)
+# train keys a rollout strategy never reads, by strategy name
+_IGNORED_BY_STRATEGY: dict[str, dict[str, str]] = {
+    "q_hawkeye": {
+        key: _QH_ADVANTAGES
+        for key in ("advantage", "advantage_std", "tracker_buffer_size", "tracker_min_count")
+    },
+    "astrolabe": {
+        **{
+            key: _ASTROLABE_ADVANTAGES
+            for key in ("advantage", "advantage_std", "tracker_buffer_size", "tracker_min_count")
+        },
+        "advantage_clip": "its advantages are clipped to train.astrolabe.advantage_clip; set that instead",
+    },
+}
+
+
+def check_train_settings(train: Any) -> None:
+    """Refuse, naming the key, ``train`` values no run can use, keys the selected loss or strategy
+    ignores (only when not at their default) and ``group_noise`` with ``drop_zero_advantage``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(train) if f.default is not dataclasses.MISSING}
+    for ignored, what in ((_IGNORED_BY_LOSS, "loss"), (_IGNORED_BY_STRATEGY, "strategy")):
+        name = train.loss if what == "loss" else train.strategy
+        for key, instead in ignored.get(name, {}).items():
+            value = getattr(train, key)
+            if value != defaults[key]:
+                raise ConfigError(
+                    f"train.{key}: the {name!r} {what} ignores it ({value!r}; default {defaults[key]!r}): {instead}"
+                )
+    if train.group_noise and train.drop_zero_advantage:
+        raise ConfigError(
+            "train.group_noise: train.drop_zero_advantage re-splits the kept samples into minibatches "
+            "that can cut a prompt group across optimiser steps, so groups no longer train whole; "
+            "set one of them to false"
+        )
+    rate = train.learning_rate
+    if not (math.isfinite(rate) and rate >= 0):  # 0 stays: the lr-0 control runs (docs/language.md)
+        raise ConfigError(
+            f"train.learning_rate must be finite and >= 0 (0: a control run that trains nothing), got {rate}"
+        )
+    if not train.max_grad_norm >= 0:
+        raise ConfigError(
+            f"train.max_grad_norm must be >= 0 (0: no gradient clipping), got {train.max_grad_norm}"
+        )
+    if not 0 <= train.clip_range <= 1:
+        raise ConfigError(
+            f"train.clip_range must lie in [0, 1] (PPO clips the ratio to [1 - clip_range, 1 + clip_range]), "
+            f"got {train.clip_range}"
+        )
+    if not train.advantage_clip > 0:
+        raise ConfigError(
+            f"train.advantage_clip must be positive (advantages are clipped to [-advantage_clip, "
+            f"advantage_clip]), got {train.advantage_clip}"
         )
