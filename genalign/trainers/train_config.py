@@ -114,14 +114,17 @@ class TrainConfig:
       ratio (DDPO, Flow-GRPO, so their clip ranges carry over); "sum" uses exact ratios.
     * ``kl_coef``: weight of the KL penalty to the reference model (0: none); for ``ppo_clip``
       ``kl_coef * ||mu_theta - mu_ref||^2 / (2 s^2)`` per trained step, for the forward-process
-      losses ``kl_coef * ||f_theta - f_ref||^2``, for ``token_ppo`` ``kl_coef`` times the k3
-      estimator per completion token.
+      losses (nft, rwr, refl) ``kl_coef * ||f_theta - f_ref||^2`` (a mean over elements, whatever
+      ``kl_reduction``), for ``token_ppo`` ``kl_coef`` times the k3 estimator per completion token.
+      The ``astrolabe`` loss's KL weight is ``train.astrolabe.kl_weight`` and ``sft`` has none: a
+      non-zero ``kl_coef`` with either is refused (:mod:`genalign.trainers.preflight`).
     * ``kl_convention``: ``s`` of the ``ppo_clip`` KL. "official" takes Flow-GRPO's (flow_grpo's
       ``std_dev_t = noise_level sqrt(sigma / (1 - sigma))`` for the flow SDE, without the step's
       ``sqrt(-dt)``), so published ``beta`` values carry over; "exact" takes the step's own std,
       the exact Gaussian KL between the two step policies, ``1 / |dt|`` times larger for the flow
       SDE. They agree for flow CPS, DDIM (sd) and consistency steps.
-    * ``kl_reduction``: sum or mean of the KL over latent elements (independent of the convention).
+    * ``kl_reduction``: sum or mean of the ``ppo_clip`` KL over latent elements (independent of the
+      convention).
 
     **Advantages** (``_check_advantages``)
 
@@ -130,7 +133,8 @@ class TrainConfig:
       "group" advantages, the group's, the global one or none.
     * ``tracker_buffer_size`` / ``tracker_min_count``: the tracker's history per prompt and the
       count below which it uses the batch's statistics.
-    * ``advantage_clip``: advantages are clipped to ``[-advantage_clip, advantage_clip]``.
+    * ``advantage_clip``: advantages are clipped to ``[-advantage_clip, advantage_clip]`` (the
+      ``astrolabe`` strategy clips to ``train.astrolabe.advantage_clip`` instead).
     * ``drop_zero_advantage``: samples whose advantage is exactly 0 (a group whose rewards are all
       equal) leave the update, and each minibatch's loss is the mean over its kept samples
       (Flow-GRPO's code; :mod:`genalign.trainers.minibatches`). ``zero_advantage_fraction`` is
