@@ -7,7 +7,8 @@ periodic checkpoint (issue 23.3). Two pieces, both used by :meth:`Trainer.train`
   finishes the current step, writes a checkpoint and returns (``trainer.interrupted`` names the
   signal). A second Ctrl-C raises :class:`KeyboardInterrupt` at once, for a user who cannot wait.
 * :class:`StepSnapshot` — what a step may change before its first optimizer step (the
-  strategy's state, e.g. DDPO's stat tracker; the RNG), taken at the start of every step. When
+  strategy's state, e.g. DDPO's stat tracker; the RNG; an fp16 run's loss scale, which an
+  overflow-skipped step halves), taken at the start of every step. When
   the step raises (a reward or loss exception) before any optimizer step, the snapshot restores
   the state of the last good step and a checkpoint of it is written, so ``resume=latest``
   continues exactly where an uninterrupted run would. A step that raises after an optimizer step
@@ -77,6 +78,8 @@ class StepSnapshot:
         self.rng_state = capture_rng_state()
         self.strategy_state = copy.deepcopy(trainer.strategy.state_dict())
         self.history_length = len(trainer.history)
+        scale = trainer.loss_scale
+        self.loss_scale_state = scale.state_dict() if scale is not None else None
 
     def save_after_failure(self, trainer: Trainer, error: BaseException) -> None:
         """Write a checkpoint of the last good step after ``error`` ended this step, where safe."""
@@ -92,6 +95,8 @@ class StepSnapshot:
             )
             return
         trainer.strategy.load_state_dict(copy.deepcopy(self.strategy_state))
+        if self.loss_scale_state is not None:
+            trainer.loss_scale.load_state_dict(self.loss_scale_state)
         del trainer.history[self.history_length :]
         if trainer.saved_step == self.step:
             return  # the last good step is already on disk

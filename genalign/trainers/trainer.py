@@ -20,8 +20,10 @@ Lifecycle of one step (read top to bottom in :meth:`Trainer.train_step`):
    ``timestep_order``) and yields this process's part of every minibatch, which accumulates
    gradients over those steps (after the loss's ``prepare_update`` hook saw the batch); every
    ``gradient_accumulation_steps`` minibatches the loss's ``before_optimizer_step`` hook, then the
-   optimiser steps (not when the gradient is not finite: ``nonfinite_grad_steps`` counts those);
-   then the loss's ``end_step`` hook (DiffusionNFT's old-policy soft update);
+   optimiser steps (not when the gradient is not finite: ``nonfinite_grad_steps`` counts those;
+   under fp16 compute the loss is scaled, the gradient unscaled before the clip and an overflow
+   skipped as accelerate's GradScaler does: :mod:`genalign.trainers.loss_scale`); then the
+   loss's ``end_step`` hook (DiffusionNFT's old-policy soft update);
 4. metrics are logged; checkpoints are written atomically.
 
 Distributed training goes through ``accelerate``: each process trains on its rows of the global
@@ -50,8 +52,10 @@ from genalign.trainers.diagnostics import parameter_change, snapshot
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.guards import count_nonfinite, gradients_are_finite
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
+from genalign.trainers.loss_scale import loss_scale_for
 from genalign.trainers.losses.base import PolicyLoss, as_policy_loss
 from genalign.trainers.minibatches import MinibatchPass, epoch_passes, loss_calls, nonzero_advantages
+from genalign.trainers.optimizer import make_optimizer
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.run_folder import check_fresh_run, owned_run_folder, read_metrics, rewrite_metrics
 from genalign.trainers.strategies.base import RolloutBatch, RolloutContext, RolloutStrategy
@@ -134,16 +138,7 @@ class Trainer:
         self.parameters = policy.trainable_parameters()
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")
-        self.optimizer = torch.optim.AdamW(
-            optimizer_groups(policy, train),  # one per policy of a JointPolicy, with its own lr
-            lr=train.learning_rate,
-            betas=tuple(train.adam_betas),
-            weight_decay=train.adam_weight_decay,
-            eps=train.adam_epsilon,
-        )
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: train.learning_rate_factor(n)
-        )
+        self.optimizer, self.lr_scheduler = make_optimizer(policy, train)  # AdamW, LambdaLR
         self.ema = ParameterEMA(self.parameters, train.ema_decay) if train.ema_decay else None
         self.step = 0
         self.optimizer_steps = 0
@@ -155,7 +150,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._last_outputs: torch.Tensor | list[str] | None = None  # images, or completions
         self._grad_norms: list[float] = []  # this step's gradient norms, one per optimizer step
-        self._nonfinite_grad_steps = 0  # this step's optimizer steps skipped for a non-finite gradient
+        self._nonfinite_grad_steps = self._loss_scale_skips = 0  # this step's skipped optimizer steps
+        # fp16 compute: dynamic loss scaling as accelerate's GradScaler (None under fp32 / bf16)
+        self.loss_scale = loss_scale_for(policy, train.mixed_precision)
         self.loss.bind(self)  # a loss that needs the reward itself (ReFL)
 
     # ---- distributed helpers -------------------------------------------------------------------
@@ -255,6 +252,8 @@ class Trainer:
             for group, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
                 metrics[f"lr_{group['name']}"] = lr
         metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
+        if self.loss_scale is not None:  # fp16: the scale after the step, its overflow skips
+            metrics.update(loss_scale=self.loss_scale.scale, loss_scale_skips=self._loss_scale_skips)
         if self._grad_norms:
             metrics["grad_norm"] = sum(self._grad_norms) / len(self._grad_norms)
         if before is not None:
@@ -295,7 +294,7 @@ class Trainer:
         fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`)."""
         train = self.config.train
         self._grad_norms = []
-        self._nonfinite_grad_steps = 0
+        self._nonfinite_grad_steps = self._loss_scale_skips = 0
         global_size = batch.global_batch_size
         kept = nonzero_advantages(batch.global_index, batch.advantages, global_size, self.gather, self.device)
         sums: dict[str, float] = {}
@@ -327,7 +326,8 @@ class Trainer:
             sub, advantages = selected[key]
             with self.precision():
                 loss, info = self.loss(self.policy, sub, step_index, advantages)
-            (loss * (weight / train.gradient_accumulation_steps)).backward()
+            loss = loss * (weight / train.gradient_accumulation_steps)
+            (loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)).backward()
             if not part.dummy:
                 infos.append(info)
         return infos
@@ -336,12 +336,19 @@ class Trainer:
         train = self.config.train
         self.loss.before_optimizer_step(self)  # the step's minibatches are done (Astrolabe's KL watch)
         self._sum_gradients_across_processes()
+        if self.loss_scale is not None:  # fp16: true units for the clip, the logged norm, the check
+            self.loss_scale.unscale_(self.parameters)
         # the norm before clipping (clip_grad_norm_ returns it); inf clips nothing
         norm = torch.nn.utils.clip_grad_norm_(
             self.parameters, train.max_grad_norm if train.max_grad_norm > 0 else math.inf
         )
+        finite = gradients_are_finite(norm)
+        if self.loss_scale is not None and not self.loss_scale.update(finite):
+            self.optimizer.zero_grad(set_to_none=True)  # an fp16 overflow: expected, the scale halved
+            self._loss_scale_skips += 1
+            return
         self._grad_norms.append(float(norm))
-        if not gradients_are_finite(norm):  # a NaN / infinite loss: applying it would poison the weights
+        if not finite:  # a NaN / infinite loss: applying it would poison the weights
             logger.warning("optimizer step skipped: the gradient norm is %s", float(norm))
             self.optimizer.zero_grad(set_to_none=True)
             self._nonfinite_grad_steps += 1
@@ -538,25 +545,6 @@ def make_accelerator(config: RecipeConfig) -> Any:
         log_with=list(config.logging.trackers) or None,
         project_dir=config.logging.run_dir.format(name=config.name),
     )
-
-
-def optimizer_groups(policy: Any, train: Any) -> list[dict[str, Any]]:
-    """AdamW's parameter groups: one for a single policy; for a
-    :class:`~genalign.policies.JointPolicy` one per policy that has trainable parameters, named
-    after it, at ``train.policy_learning_rates[name]`` (default ``train.learning_rate``)."""
-    if not isinstance(policy, JointPolicy):
-        return [{"params": policy.trainable_parameters()}]
-    rates = dict(train.policy_learning_rates)
-    unknown = sorted(set(rates) - set(policy.names()))
-    if unknown:
-        raise ValueError(
-            f"train.policy_learning_rates.{unknown[0]}: no policy of that name; the joint policy has {policy.names()}"
-        )
-    return [
-        {"params": parameters, "lr": rates.get(name, train.learning_rate), "name": name}
-        for name, parameters in policy.parameter_groups().items()
-        if parameters
-    ]
 
 
 def _plain(config: Any) -> Any:

@@ -1,7 +1,7 @@
 """Saving and restoring a :class:`~genalign.trainers.trainer.Trainer`'s whole state.
 
 :func:`save_trainer` writes everything a resume needs (weights, optimizer, scheduler, RNG, the
-strategy's and the loss's states, EMA) through :func:`~genalign.trainers.checkpoint.save_checkpoint`,
+strategy's and the loss's states, EMA, an fp16 run's loss scale) through :func:`~genalign.trainers.checkpoint.save_checkpoint`,
 never from non-finite weights; :func:`resume_trainer` restores it, from the newest intact
 checkpoint under ``resume=latest``. Under FSDP the full states are gathered on every process
 (collectives) and written by the main one.
@@ -78,6 +78,8 @@ def save_trainer(trainer: Trainer, rng_state: Any | None = None) -> Path | None:
         states = {"strategy": trainer.strategy.state_dict()}
         if ema_state is not None:
             states["ema"] = ema_state
+        if trainer.loss_scale is not None:  # fp16: the scale and its good-step count
+            states["loss_scale"] = trainer.loss_scale.state_dict()
         path = save_checkpoint(
             trainer.run_dir,
             trainer.step,
@@ -139,6 +141,8 @@ def resume_trainer(trainer: Trainer, where: str) -> None:
                 for saved, current in zip(ema_state["shadow_params"], trainer.ema.shadow_params)
             ]
         trainer.ema.load_state_dict(ema_state)
+    if trainer.loss_scale is not None and "loss_scale" in checkpoint.states:
+        trainer.loss_scale.load_state_dict(checkpoint.states["loss_scale"])
     if checkpoint.rng_state is not None:
         restore_rng_state(checkpoint.rng_state)
     trainer.step = trainer.saved_step = checkpoint.step
