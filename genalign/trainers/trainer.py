@@ -244,12 +244,13 @@ class Trainer:
         before = snapshot(self.parameters) if self.config.logging.param_change else None
         update_start = time.perf_counter()
         metrics.update(self.loss.prepare_update(self, batch))  # e.g. Astrolabe's selective-KL mask
+        rates = self.lr_scheduler.get_last_lr()  # what the step's (first) optimizer step uses
         metrics.update(self.update(step, batch, trainable_steps))
         metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
-        metrics["lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["lr"] = rates[0]
         if len(self.optimizer.param_groups) > 1:
-            for group, lr in zip(self.optimizer.param_groups, self.lr_scheduler.get_last_lr(), strict=True):
+            for group, lr in zip(self.optimizer.param_groups, rates, strict=True):
                 metrics[f"lr_{group['name']}"] = lr
         metrics["nonfinite_grad_steps"] = self._nonfinite_grad_steps
         if self.loss_scale is not None:  # fp16: the scale after the step, its overflow skips

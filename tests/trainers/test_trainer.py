@@ -176,6 +176,19 @@ def test_resume_of_an_older_checkpoint_still_refuses_a_changed_option(tmp_path):
         other.train()
 
 
+def test_logged_lr_is_the_rate_the_steps_optimizer_steps_used(tmp_path):
+    # a linear decay moves the rate at every optimizer step (two per training step here); the
+    # metric once read the scheduler after the step, i.e. the next step's rate
+    trainer = make_trainer(tmp_path, "train.lr_schedule=linear", "train.lr_decay_steps=8")
+    used = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda optimizer, *_: used.append(optimizer.param_groups[0]["lr"])
+    )
+    logged = [trainer.train_step(n)["lr"] for n in range(2)]
+    assert len(used) == 4 and len(set(used)) == 4
+    assert logged == [used[0], used[2]]  # each step's first optimizer step
+
+
 class NaNReward(Reward):
     name = "nan_test"
 
