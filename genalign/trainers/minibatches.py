@@ -96,6 +96,10 @@ class MinibatchPass:
             process must run the same passes, also one holding no sample of the minibatch.
         optimizer_step: an optimiser step follows this minibatch (every
             ``gradient_accumulation_steps`` minibatches, and after the epoch's last one).
+        accumulated: how many minibatches the optimiser step this pass belongs to sums, by which its
+            loss is divided: ``gradient_accumulation_steps``, fewer for a short last group of the
+            epoch, so that every optimiser step applies the mean over its minibatches (accelerate
+            divides by the full count, which shrinks a short last group's step; docs/fidelity.md).
     """
 
     rows: list[int]
@@ -103,6 +107,7 @@ class MinibatchPass:
     share: float
     dummy: bool
     optimizer_step: bool
+    accumulated: int = 1
 
 
 def group_permutation(
@@ -193,7 +198,9 @@ def epoch_passes(
     )
     local_position = {int(g): i for i, g in enumerate(global_index.tolist())}
     accumulation = train.gradient_accumulation_steps
+    count = len(minibatches)
     for m, minibatch in enumerate(minibatches):
+        group_start = m - m % accumulation
         members = [int(g) for g in minibatch.members.tolist() if int(g) in local_position]
         share = len(members) / minibatch.normaliser
         dummy = not members and bool(sharded_over)
@@ -206,5 +213,6 @@ def epoch_passes(
             step_indices=step_indices[torch.tensor(members, dtype=torch.long)],
             share=share,
             dummy=dummy,
-            optimizer_step=(m + 1) % accumulation == 0 or m == len(minibatches) - 1,
+            optimizer_step=(m + 1) % accumulation == 0 or m == count - 1,
+            accumulated=min(accumulation, count - group_start),
         )

@@ -327,7 +327,7 @@ class Trainer:
             sub, advantages = selected[key]
             with self.precision():
                 loss, info = self.loss(self.policy, sub, step_index, advantages)
-            loss = loss * (weight / train.gradient_accumulation_steps)
+            loss = loss * (weight / part.accumulated)  # the mean over the optimiser step's minibatches
             (loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)).backward()
             if not part.dummy:
                 infos.append(info)

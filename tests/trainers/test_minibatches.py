@@ -119,3 +119,29 @@ def test_off_the_draws_are_the_per_sample_ones_and_missing_groups_fail_by_name()
     assert torch.equal(parts[0].step_indices, chosen[permutation[:4]])
     with pytest.raises(ValueError, match="train.group_noise: the 'groups' strategy reports no prompt groups"):
         list(epoch_passes(_train(True), 0, 0, torch.arange(8), 8, steps, kept, 0, None))
+
+
+@pytest.mark.parametrize(
+    "batch, accumulation, expected",
+    [
+        (20, 2, [(False, 2), (True, 2), (False, 2), (True, 2), (True, 1)]),  # 5 minibatches: a short last group
+        (20, 3, [(False, 3), (False, 3), (True, 3), (False, 2), (True, 2)]),
+        (16, 2, [(False, 2), (True, 2), (False, 2), (True, 2)]),  # whole groups only
+        (8, 4, [(False, 2), (True, 2)]),  # fewer minibatches than the accumulation
+    ],
+)
+def test_each_pass_knows_how_many_minibatches_its_optimiser_step_sums(batch, accumulation, expected):
+    """The loss of a pass is divided by its group's minibatch count, not by
+    ``gradient_accumulation_steps``: a short last group's step is still the mean over its minibatches."""
+    train = _train(gradient_accumulation_steps=accumulation)
+    kept = torch.ones(batch, dtype=torch.bool)
+    passes = list(epoch_passes(train, 0, 0, torch.arange(batch), batch, torch.arange(4), kept))
+    assert [(p.optimizer_step, p.accumulated) for p in passes] == expected
+    # the weights of one optimiser step's passes add up to 1 (each minibatch is a mean)
+    group, totals = [], []
+    for p in passes:
+        group.append(1.0 / p.accumulated)
+        if p.optimizer_step:
+            totals.append(sum(group))
+            group = []
+    assert totals == pytest.approx([1.0] * len(totals))

@@ -11,6 +11,7 @@ import torch
 
 from genalign.rewards import Reward, RewardOutput
 from genalign.trainers import build_trainer, load_recipe
+from genalign.trainers.losses import PolicyLoss
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny"
@@ -254,3 +255,37 @@ def test_a_batch_without_any_nonzero_advantage_makes_no_update(tmp_path):
     assert metrics["zero_advantage_fraction"] == 1.0
     assert trainer.optimizer_steps == 0
     assert all(torch.equal(before[n], p) for n, p in trainer.policy.named_trainable_parameters().items())
+
+
+class UnitGradientLoss(PolicyLoss):
+    """A loss whose gradient on the first trainable tensor is 1 per element for a whole minibatch
+    weighed once; records that gradient at every optimiser step."""
+
+    def __init__(self, parameter: torch.nn.Parameter) -> None:
+        self.parameter = parameter
+        self.gradients: list[float] = []
+
+    def __call__(self, policy, trajectory, step_index, advantages):
+        return self.parameter.sum() + 0.0 * advantages.sum(), {}
+
+    def before_optimizer_step(self, trainer) -> None:
+        self.gradients.append(float(self.parameter.grad.mean()))
+
+
+def test_a_short_last_accumulation_group_steps_with_the_mean_of_its_minibatches(tmp_path):
+    """6 samples in minibatches of 2 with accumulation 2: the epoch's last optimiser step sums one
+    minibatch. Each step must apply the mean over its minibatches (gradient 1 here), not a half."""
+    trainer = make_trainer(
+        tmp_path,
+        "ddpo_jpeg.yaml",
+        "train.prompts_per_step=3",
+        "train.group_size=2",
+        "train.minibatch_size=2",
+        "train.gradient_accumulation_steps=2",
+        "train.timestep_fraction=0.5",
+        "train.kl_coef=0.0",
+    )
+    parameter = next(p for p in trainer.parameters if p.requires_grad)
+    trainer.loss = UnitGradientLoss(parameter)
+    trainer.train_step(0)
+    assert trainer.loss.gradients == pytest.approx([1.0, 1.0], abs=1e-6)
