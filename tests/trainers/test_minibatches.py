@@ -124,7 +124,11 @@ def test_off_the_draws_are_the_per_sample_ones_and_missing_groups_fail_by_name()
 @pytest.mark.parametrize(
     "batch, accumulation, expected",
     [
-        (20, 2, [(False, 2), (True, 2), (False, 2), (True, 2), (True, 1)]),  # 5 minibatches: a short last group
+        (
+            20,
+            2,
+            [(False, 2), (True, 2), (False, 2), (True, 2), (True, 1)],
+        ),  # 5 minibatches: a short last group
         (20, 3, [(False, 3), (False, 3), (True, 3), (False, 2), (True, 2)]),
         (16, 2, [(False, 2), (True, 2), (False, 2), (True, 2)]),  # whole groups only
         (8, 4, [(False, 2), (True, 2)]),  # fewer minibatches than the accumulation
