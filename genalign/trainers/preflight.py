@@ -12,8 +12,10 @@ Then :func:`check_train_settings` refuses ``train`` values the schema accepts bu
 use (a negative or non-finite learning rate, a non-positive advantage clip, a negative
 gradient-norm clip or PPO clip range), ``train`` keys the selected loss or strategy never reads
 (``kl_coef`` under the ``astrolabe`` and ``sft`` losses; ``advantage``, ``advantage_std`` and
-``tracker_*`` under the ``q_hawkeye`` and ``astrolabe`` strategies, and ``advantage_clip`` under
-``astrolabe``), these only when set to a value other than the default, and ``group_noise`` with
+``tracker_*`` under the ``q_hawkeye`` and ``astrolabe`` strategies; ``advantage`` and
+``advantage_std`` under ``b2diffurl`` and ``sft``; ``advantage_clip`` under ``astrolabe``;
+``advantage_std`` unless ``advantage: group`` where the strategy follows ``train.advantage``),
+these only when set to a value other than the default, and ``group_noise`` with
 ``drop_zero_advantage``, whose re-split minibatches can cut a prompt group.
 """
 
@@ -143,7 +145,47 @@ _IGNORED_BY_STRATEGY: dict[str, dict[str, str]] = {
         },
         "advantage_clip": "its advantages are clipped to train.astrolabe.advantage_clip; set that instead",
     },
+    "b2diffurl": {
+        key: "its advantages are the branch scores clipped to train.advantage_clip and weighted by "
+        "train.b2diffurl.pos_weight / neg_weight; remove the key"
+        for key in ("advantage", "advantage_std")
+    },
+    "sft": {
+        key: "supervised fine-tuning has no advantages; remove the key"
+        for key in ("advantage", "advantage_std")
+    },
 }
+# the strategies whose advantages follow train.advantage (GroupRolloutStrategy.advantages);
+# advantage_std is read only under its "group" mode. tracker_* under another mode (or strategy) are not refused:
+# recipes carry them, and switching train.advantage on the command line should not need them reset.
+_USES_ADVANTAGE_MODE = ("groups", "sol_rl", "prompt_rewrite", "svg")
+
+
+def _svg_own_baseline(train: Any) -> bool:
+    """The svg strategy with a greedy baseline or branch rollouts: its advantages are ``(reward -
+    baseline)`` scaled by ``advantage_std``, whatever ``train.advantage`` says."""
+    svg = getattr(train, "svg", None)
+    return (
+        train.strategy == "svg" and svg is not None and (svg.baseline == "greedy" or svg.rollout == "branch")
+    )
+
+
+def _check_advantage_mode(train: Any, defaults: dict[str, Any]) -> None:
+    if train.strategy not in _USES_ADVANTAGE_MODE:
+        return
+    if _svg_own_baseline(train):
+        if train.advantage != defaults["advantage"]:
+            raise ConfigError(
+                f"train.advantage: train.svg's greedy baseline / branch rollouts set the advantages, "
+                f"so {train.advantage!r} is ignored (they are reward - baseline, scaled by "
+                f"train.advantage_std); remove the key"
+            )
+        return
+    if train.advantage != "group" and train.advantage_std != defaults["advantage_std"]:
+        raise ConfigError(
+            f"train.advantage_std: train.advantage is {train.advantage!r}, which ignores it "
+            f"({train.advantage_std!r}): it is read only with train.advantage: group; remove the key"
+        )
 
 
 def check_train_settings(train: Any) -> None:
@@ -158,6 +200,7 @@ def check_train_settings(train: Any) -> None:
                 raise ConfigError(
                     f"train.{key}: the {name!r} {what} ignores it ({value!r}; default {defaults[key]!r}): {instead}"
                 )
+    _check_advantage_mode(train, defaults)
     if train.group_noise and train.drop_zero_advantage:
         raise ConfigError(
             "train.group_noise: train.drop_zero_advantage re-splits the kept samples into minibatches "

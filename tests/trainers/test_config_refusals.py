@@ -17,6 +17,8 @@ from genalign.trainers.preflight import check_recipe_names
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ASTROLABE = CONFIGS / "tiny" / "astrolabe_jpeg.yaml"
 SFT = CONFIGS / "toy" / "rlrf_sft.yaml"
+B2 = CONFIGS / "tiny" / "b2diffurl_jpeg.yaml"
+SVG = CONFIGS / "toy" / "rlrf_im2svg.yaml"
 Q_HAWKEYE = CONFIGS / "toy" / "q_hawkeye.yaml"
 NFT = CONFIGS / "tiny" / "nft_jpeg.yaml"
 DDPO = CONFIGS / "tiny" / "ddpo_jpeg.yaml"
@@ -43,6 +45,13 @@ def preflight(recipe: Path, overrides: list[str]) -> None:
         (ASTROLABE, ["train.advantage_std=global"], "train.advantage_std", "train.astrolabe.advantage_clip"),
         (ASTROLABE, ["train.advantage_clip=2.0"], "train.advantage_clip", "train.astrolabe.advantage_clip"),
         (ASTROLABE, ["train.tracker_min_count=4"], "train.tracker_min_count", "train.astrolabe"),
+        (B2, ["train.advantage=batch"], "train.advantage", "train.b2diffurl.pos_weight"),
+        (B2, ["train.advantage_std=none"], "train.advantage_std", "branch scores"),
+        (SFT, ["train.advantage=batch"], "train.advantage", "no advantages"),
+        # keys read only under another train.advantage mode
+        (DDPO, ["train.advantage_std=none"], "train.advantage_std", "train.advantage: group"),
+        (NFT, ["train.advantage=batch", "train.advantage_std=global"], "train.advantage_std", "group"),
+        (SVG, ["train.svg.baseline=greedy", "train.advantage=tracker"], "train.advantage", "greedy baseline"),
         # a combination that breaks group_noise's whole-group minibatches
         (
             NFT,
@@ -84,6 +93,10 @@ def test_refused_with_a_one_line_error_naming_the_key(recipe, overrides, key, in
         (SFT, ["train.kl_coef=0.0"]),
         (Q_HAWKEYE, ["train.advantage=group", "train.advantage_std=group", "train.tracker_min_count=16"]),
         # keys the method does read
+        (DDPO, ["train.tracker_buffer_size=8", "train.tracker_min_count=2"]),
+        (DDPO, ["train.advantage=group"]),  # a recipe's tracker_* stay when the mode is switched
+        (NFT, ["train.advantage_std=none"]),
+        (SVG, ["train.svg.baseline=greedy", "train.advantage_std=none"]),
         (Q_HAWKEYE, ["train.advantage_clip=2.0", "train.kl_coef=0.1"]),
         (NFT, ["train.group_noise=true"]),
         (NFT, ["train.drop_zero_advantage=true"]),
