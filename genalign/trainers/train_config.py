@@ -130,7 +130,8 @@ class TrainConfig:
 
     * ``advantage``: "group" (GRPO / Flow-GRPO group-relative), "tracker" (DDPO's per-prompt
       statistics tracker), "batch" (the batch mean and std); ``advantage_std``: the std of
-      "group" advantages, the group's, the global one or none.
+      "group" advantages, the group's, the global one or none (refused at load under another
+      mode, which would ignore it).
     * ``tracker_buffer_size`` / ``tracker_min_count``: the tracker's history per prompt and the
       count below which it uses the batch's statistics.
     * ``advantage_clip``: advantages are clipped to ``[-advantage_clip, advantage_clip]`` (the
