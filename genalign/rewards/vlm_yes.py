@@ -222,11 +222,14 @@ class VLMYesReward(VLMJudgeReward):
         questions: Sequence[str],
         comparative: bool,
         use_context: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[str] | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[str] | None, torch.Tensor]:
         """Score chats: ``images[i]`` (1 or 2 images) with ``questions[i]``.
 
-        Returns ``(p_yes, p_no, reasoning)``: ``[N]`` probabilities over the whole vocabulary
-        (float32) and the chain-of-thought texts (None without CoT).
+        Returns ``(p_yes, p_no, reasoning, yes_share)``: ``[N]`` probabilities over the whole
+        vocabulary (float32), the chain-of-thought texts (None without CoT) and ``P(yes) / (P(yes) +
+        P(no))`` computed as the softmax over the two word logits (the ratio of the probabilities is
+        0/0 when both lie below float32's range, e.g. a judge that expects another token after a
+        chain of thought; the softmax stays defined).
         """
         context, context_images = self._context() if use_context else ([], [])
         chats, chat_images = [], []
@@ -253,36 +256,33 @@ class VLMYesReward(VLMJudgeReward):
         log_z = torch.logsumexp(logits, dim=-1)  # (N,)
         word_logits = aggregate_word_logits(logits, [self.yes_ids, self.no_ids])  # (N, 2)
         p_yes, p_no = (word_logits - log_z[:, None]).exp().unbind(-1)
-        return p_yes, p_no, reasoning
+        return p_yes, p_no, reasoning, torch.softmax(word_logits, dim=-1)[:, 0]
 
-    def _reward(self, p_yes: torch.Tensor, p_no: torch.Tensor) -> torch.Tensor:
-        if self.normalize == "raw":
-            return p_yes
-        # P(yes) / (P(yes) + P(no)) = softmax over the two word logits
-        return p_yes / (p_yes + p_no)
+    def _reward(self, p_yes: torch.Tensor, yes_share: torch.Tensor) -> torch.Tensor:
+        return p_yes if self.normalize == "raw" else yes_share
 
     # -- the reward --------------------------------------------------------------------------------
     def score(self, images: torch.Tensor, prompts: Sequence[str], **metadata: Any) -> RewardOutput:
         batch = images.shape[0]
         if self.mode == "pointwise":
             questions = [self.question(prompt, comparative=False) for prompt in prompts]
-            p_yes, p_no, reasoning = self.p_yes_no(
+            p_yes, p_no, reasoning, share = self.p_yes_no(
                 [[image] for image in images], questions, comparative=False
             )
             details: dict[str, Any] = {"p_yes": p_yes, "p_no": p_no}
             if reasoning is not None:
                 details["reasoning"] = reasoning
-            return RewardOutput(self._reward(p_yes, p_no), details)
+            return RewardOutput(self._reward(p_yes, share), details)
 
         # comparative: (candidate, reference) index pairs or reference images
         candidates, references, reference_index = self._pairs(images, prompts, metadata)
         questions = [self.question(prompts[i], comparative=True) for i in candidates]
-        p_yes, p_no, reasoning = self.p_yes_no(
+        p_yes, p_no, reasoning, share = self.p_yes_no(
             [[images[i], reference] for i, reference in zip(candidates, references)],
             questions,
             comparative=True,
         )
-        rewards = self._reward(p_yes, p_no)
+        rewards = self._reward(p_yes, share)
         index = torch.as_tensor(candidates, device=rewards.device)
         counts = torch.zeros(batch, device=rewards.device).index_add_(0, index, torch.ones_like(rewards))
 
@@ -350,8 +350,8 @@ class VLMYesReward(VLMJudgeReward):
             return [i for i, _ in pairs], [images[j] for _, j in pairs], None
         # group_best: pointwise pass (VQAScore question, no extra context), best other member
         questions = [VQASCORE_QUESTION.format(prompt=prompt) for prompt in prompts]
-        p_yes, p_no, _ = self.p_yes_no([[image] for image in images], questions, False, use_context=False)
-        pointwise = self._reward(p_yes, p_no).tolist()
+        p_yes, _, _, share = self.p_yes_no([[image] for image in images], questions, False, use_context=False)
+        pointwise = self._reward(p_yes, share).tolist()
         reference_index = []
         for i in range(batch):
             others = [j for j in members[group_ids[i]] if j != i]

@@ -73,6 +73,25 @@ def test_pointwise_equals_independent_computation(tiny_llava, yes_no_ids, images
     assert reward.differentiable is False
 
 
+def test_yes_no_stays_defined_when_both_words_are_far_below_the_top_token(tiny_llava, yes_no_ids, images):
+    """A judge sure of another next token (after a chain of thought, say) puts P(yes) and P(no)
+    below float32's range: their ratio was 0/0 = NaN; the two-word softmax it equals is not."""
+    reward = VLMYesReward(*tiny_llava)
+    plain = reward(images, PROMPTS).scores
+    score_logits = reward.judge.next_token_logits
+    other = next(i for i in range(tiny_llava[0].config.text_config.vocab_size) if i not in sum(yes_no_ids, []))
+
+    def confident(texts, chat_images):
+        logits = score_logits(texts, chat_images).clone()
+        logits[:, other] += 120.0  # every other logit, yes and no included, is now e^-120 below it
+        return logits
+
+    reward.judge.next_token_logits = confident
+    out = reward(images, PROMPTS)
+    assert out.details["nan_count"] == 0 and (out.details["p_yes"] == 0).all()  # the ratio's 0/0
+    torch.testing.assert_close(out.scores, plain, atol=1e-5, rtol=0)  # shifting one logit leaves the pair
+
+
 def test_vqascore_convention_first_token_of_yes(tiny_llava, images):
     """t2v_metrics: softmax over the vocabulary, the first token of "Yes" (here "Y" of Y+es)."""
     reward = VLMYesReward(
