@@ -11,10 +11,17 @@ of the normalised image and text features (the official ``img_score.py`` takes t
 The official checkpoints (hub repo ``xswu/HPSv2``: ``HPS_v2_compressed.pt``,
 ``HPS_v2.1_compressed.pt``) are ``{"state_dict": <open_clip keys>}``; a bare state dict and
 ``.safetensors`` load too. They hold the whole model, so no LAION weights are downloaded first.
+
+Preprocessing is HPS's own, not open_clip's default: ``img_score.py`` builds the model with
+``light_augmentation=True``, whose eval transform is ``resize_longest_max=True`` (HPS's
+``ResizeMaxSize``): the longest side is resized to 224 (bicubic, aspect kept) and the rest padded
+with black, nothing cropped. It resizes the float tensor (``ToTensor`` comes first), so bicubic
+overshoot is not clamped as a PIL image's would be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,6 +75,11 @@ class HPSv2Reward(Reward):
         # open_clip's loader unwraps {"state_dict": ...}, strips "module." and reads safetensors.
         self.embedder = OpenCLIPEmbedder(
             model=model, pretrained=path, model_config=model_config, device=device, dtype=dtype
+        )
+        # HPS's eval transform: fit the longest side, pad with black (module docstring)
+        preprocess = self.embedder.preprocess
+        preprocess.config = dataclasses.replace(
+            preprocess.config, resize_mode="longest", fill=0.0, resampling="tensor"
         )
         self.version = version
 

@@ -37,6 +37,7 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESIZE_MODES = ("shortest", "longest", "squash")
 CROP_ROUNDINGS = ("round", "floor")
 INTERPOLATIONS = ("bicubic", "bilinear")
+RESAMPLINGS = ("pil", "tensor")
 # PIL.Image.Resampling values used by transformers' ``resample`` field.
 _PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}
 
@@ -67,6 +68,9 @@ class PreprocessConfig:
             exactly), or None for no resize.
         crop_rounding: "round" (torchvision / open_clip) or "floor" (transformers).
         fill: pad value in [0, 1] for "longest" (open_clip's ``fill_color`` / 255).
+        resampling: "pil" (the model's transform resizes a PIL image: two separable passes, each
+            clamped to [0, 1] as PIL's uint8 output is) or "tensor" (it resizes a float tensor, as
+            HPSv2's does after ``ToTensor``: one antialiased interpolation, bicubic overshoot kept).
     """
 
     size: tuple[int, int] = (224, 224)
@@ -77,8 +81,11 @@ class PreprocessConfig:
     resize_mode: str | None = "shortest"
     crop_rounding: str = "round"
     fill: float = 0.0
+    resampling: str = "pil"
 
     def __post_init__(self) -> None:
+        if self.resampling not in RESAMPLINGS:
+            raise ValueError(f"resampling must be one of {RESAMPLINGS}, got {self.resampling!r}")
         if self.resize_mode is not None and self.resize_mode not in RESIZE_MODES:
             raise ValueError(f"resize_mode must be one of {RESIZE_MODES} or None, got {self.resize_mode!r}")
         if self.crop_rounding not in CROP_ROUNDINGS:
@@ -174,15 +181,24 @@ def keep_ratio_size(height: int, width: int, target: tuple[int, int], longest: b
     return round(height / ratio), round(width / ratio)
 
 
-def resize(images: torch.Tensor, size: tuple[int, int], interpolation: str = "bicubic") -> torch.Tensor:
+def resize(
+    images: torch.Tensor, size: tuple[int, int], interpolation: str = "bicubic", resampling: str = "pil"
+) -> torch.Tensor:
     """PIL-like antialiased resize of ``[B, C, H, W]`` images in [0, 1] to ``size = (h, w)``.
 
     Two separable passes, width first (PIL's classic order), each clamped to [0, 1] as PIL's uint8
     output is;
     an axis that keeps its size is not resampled. Differentiable (the clamp passes gradients for
-    pixels inside [0, 1]).
+    pixels inside [0, 1]). ``resampling="tensor"``: torchvision's resize of a float tensor instead,
+    one antialiased interpolation without a clamp.
     """
     height, width = images.shape[-2:]
+    if resampling == "tensor":
+        if (height, width) == tuple(size):
+            return images
+        return F.interpolate(
+            images, size=tuple(size), mode=interpolation, antialias=True, align_corners=False
+        )
     out_h, out_w = size
     if out_w != width:
         images = F.interpolate(
@@ -243,13 +259,16 @@ def preprocess_images(images: torch.Tensor, config: PreprocessConfig) -> torch.T
             new_size = shortest_edge_size(height, width, config.size[0])
         else:
             new_size = keep_ratio_size(height, width, config.size, longest=False)
-        images = resize(images, new_size, config.interpolation)
+        images = resize(images, new_size, config.interpolation, config.resampling)
     elif mode == "longest":
         images = resize(
-            images, keep_ratio_size(height, width, config.size, longest=True), config.interpolation
+            images,
+            keep_ratio_size(height, width, config.size, longest=True),
+            config.interpolation,
+            config.resampling,
         )
     elif mode == "squash":
-        images = resize(images, config.size, config.interpolation)
+        images = resize(images, config.size, config.interpolation, config.resampling)
     if config.crop_size is not None:
         images = center_crop(images, config.crop_size, config.crop_rounding, config.fill)
     return normalize(images, config.mean, config.std).to(dtype)
