@@ -9,8 +9,8 @@ Contract (DESIGN.md)::
     reward.differentiable   # gradients flow from scores to images
 
 A reward that cannot score an input returns a defined penalty and counts it in ``details``;
-it never crashes the batch. NaN scores are reported in ``details["nan_count"]`` and raise in
-strict mode.
+it never crashes the batch. Non-finite scores (NaN or infinite) are counted in
+``details["nan_count"]`` and raise in strict mode.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Reward(torch.nn.Module):
     Attributes:
         name: the registry name.
         differentiable: True when gradients flow from scores to images.
-        strict: raise on NaN scores instead of reporting them.
+        strict: raise on non-finite (NaN or infinite) scores instead of reporting them.
     """
 
     name: str = "reward"
@@ -116,12 +116,13 @@ class Reward(torch.nn.Module):
             raise RuntimeError(
                 f"{self.name} returned scores of shape {tuple(scores.shape)}, expected ({batch},)"
             )
-        nan = torch.isnan(scores.detach())
-        count = int(nan.sum())
-        out.details.setdefault("nan_count", count)
+        bad = ~torch.isfinite(scores.detach())
+        count = int(bad.sum())
+        out.details.setdefault("nan_count", count)  # NaN or infinite
         if count:
             message = (
-                f"{self.name}: {count} of {batch} scores are NaN (indices {nan.nonzero().flatten().tolist()})"
+                f"{self.name}: {count} of {batch} scores are not finite "
+                f"(indices {bad.nonzero().flatten().tolist()})"
             )
             if self.strict:
                 raise FloatingPointError(message)

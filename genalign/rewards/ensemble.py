@@ -58,9 +58,10 @@ class Normalization:
         )
 
     def __call__(self, scores: torch.Tensor) -> torch.Tensor:
-        if self.kind == "batch":
-            mean = scores.detach().mean()
-            std = scores.detach().std(unbiased=False) if scores.numel() > 1 else torch.zeros_like(mean)
+        if self.kind == "batch":  # statistics of the finite scores: one NaN stays that sample's own
+            finite = scores.detach()[torch.isfinite(scores.detach())]
+            mean = finite.mean() if finite.numel() else scores.new_zeros(())
+            std = finite.std(unbiased=False) if finite.numel() > 1 else torch.zeros_like(mean)
             return (scores - mean) / (std + BATCH_EPS)
         if self.kind == "fixed":
             return (scores - self.mean) / self.std

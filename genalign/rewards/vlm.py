@@ -346,9 +346,14 @@ class VLMJudge(torch.nn.Module):
         """The chat template applied to ``messages`` with the generation prompt, then ``assistant_prefix``.
 
         The prefix starts the assistant's answer (Q-Align's "The quality of the image is"), so the
-        next token is the answer word.
+        next token is the answer word. Templates that end the generation prompt on a word
+        (LLaVA-1.5's ``ASSISTANT:``, Idefics' ``Assistant:``) get a space before the prefix, as the
+        model's own answers start with one (Q-Align's prompt: ``ASSISTANT: The quality of the image
+        is``); one that ends on whitespace (ChatML's ``assistant\n``) is followed directly.
         """
         text = self.processor.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        if assistant_prefix and text and not text[-1].isspace() and not assistant_prefix[0].isspace():
+            text += " "
         return text + assistant_prefix
 
     def strip_image_tokens(self, text: str) -> str:

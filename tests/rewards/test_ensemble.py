@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genalign.rewards import load_reward
+from genalign.rewards import EnsembleReward, Reward, RewardOutput, load_reward
 
 from .helpers import PROMPTS, uint8_images
 
@@ -78,3 +78,32 @@ def test_bad_specs_name_the_problem(spec, message):
 def test_unknown_member_name_lists_rewards():
     with pytest.raises(KeyError, match="registered rewards: .*pickscore"):
         load_reward("ensemble", members=[{"name": "imagereward9000"}])
+
+
+class Constant(Reward):
+    """Scores given at construction (one member's head returned NaN for one image, say)."""
+
+    name = "constant_scores_test"
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.values = torch.tensor(scores)
+
+    def score(self, images, prompts, **metadata):
+        return RewardOutput(self.values.clone(), {})
+
+
+def test_batch_normalisation_keeps_a_nan_to_its_own_sample():
+    images = torch.rand(4, 3, 8, 8)
+    first = [1.0, float("nan"), 2.0, 3.0]
+    ensemble = EnsembleReward(
+        [
+            {"reward": Constant(first), "normalize": "batch", "key": "a"},
+            {"reward": Constant([0.5] * 4), "key": "b"},
+        ]
+    )
+    out = ensemble(images, ["p"] * 4)
+    assert out.details["nan_count"] == 1 and torch.isnan(out.scores[1])
+    finite = torch.tensor([1.0, 2.0, 3.0])  # statistics over the finite scores only
+    z = (finite - finite.mean()) / (finite.std(unbiased=False) + 1e-6)  # BATCH_EPS
+    torch.testing.assert_close(out.scores[[0, 2, 3]], z + 0.5, atol=1e-6, rtol=0)

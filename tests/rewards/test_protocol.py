@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from genalign.rewards import AestheticMLP, Reward, list_rewards, load_reward
+from genalign.rewards import AestheticMLP, Reward, RewardOutput, list_rewards, load_reward
 
 from .helpers import PROMPTS, uint8_images
 
@@ -127,8 +127,29 @@ def test_nan_scores_are_reported_and_raise_in_strict_mode(build, nan_head):
     images = uint8_images(3, 32, 32)
     out = build("aesthetic", checkpoint=str(nan_head))(images, PROMPTS[:3])
     assert out.details["nan_count"] == 3
-    with pytest.raises(FloatingPointError, match="3 of 3 scores are NaN"):
+    with pytest.raises(FloatingPointError, match="3 of 3 scores are not finite"):
         build("aesthetic", checkpoint=str(nan_head), strict=True)(images, PROMPTS[:3])
+
+
+class FixedScores(Reward):
+    """Returns the scores it was built with (a reward whose head overflowed, say)."""
+
+    name = "fixed_scores_test"
+
+    def __init__(self, scores: list[float], strict: bool = False) -> None:
+        super().__init__(strict=strict)
+        self.values = torch.tensor(scores)
+
+    def score(self, images, prompts, **metadata):
+        return RewardOutput(self.values.clone(), {})
+
+
+def test_infinite_scores_count_as_non_finite_and_raise_in_strict_mode():
+    images = uint8_images(3, 8, 8)
+    out = FixedScores([1.0, float("inf"), float("-inf")])(images, PROMPTS[:3])
+    assert out.details["nan_count"] == 2
+    with pytest.raises(FloatingPointError, match=r"2 of 3 scores are not finite \(indices \[1, 2\]\)"):
+        FixedScores([1.0, float("inf"), float("-inf")], strict=True)(images, PROMPTS[:3])
 
 
 def test_missing_model_folder_and_open_clip_checkpoint_name_the_path(tmp_path, tiny_open_clip):

@@ -109,6 +109,33 @@ def test_render_and_batched_logits_equal_single_chats(tiny_llava):
         )
 
 
+LLAVA_15_GENERATION_END = "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+
+
+def test_an_answer_prefix_after_a_template_ending_on_a_word_is_spaced(tiny_llava):
+    """LLaVA-1.5's template ends the generation prompt with "ASSISTANT:" and no space; Q-Align's
+    prompt reads "ASSISTANT: The quality of the image is", so the prefix must not be glued on."""
+    _, processor = tiny_llava
+    judge = VLMJudge(tiny_llava[0], processor)
+    chat = [judge.message("user", "How would you rate the quality of this image?", images=1)]
+    chatml = judge.render(chat, "The quality of the image is")
+    assert chatml.endswith("assistant\nThe quality of the image is")  # ends on whitespace: unchanged
+    original = processor.chat_template
+    processor.chat_template = (
+        "{% for message in messages %}{{ message['role'].upper() + ': ' }}"
+        "{% for c in message['content'] %}{% if c['type'] == 'image' %}{{ '<image>\n' }}"
+        "{% else %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endfor %}" + LLAVA_15_GENERATION_END
+    )
+    try:
+        assert judge.render(chat, "The quality of the image is").endswith(
+            "ASSISTANT: The quality of the image is"
+        )
+        assert judge.render(chat, " It is").endswith("ASSISTANT: It is")  # a prefix's own space is kept
+        assert judge.render(chat).endswith("ASSISTANT:")  # no prefix, nothing added
+    finally:
+        processor.chat_template = original
+
+
 def test_load_from_saved_folder_gives_same_logits(tmp_path):
     model, processor = llava_vlm(seed=3, save_to=tmp_path)
     built = VLMJudge(model, processor)
