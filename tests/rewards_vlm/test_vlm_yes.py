@@ -79,7 +79,9 @@ def test_yes_no_stays_defined_when_both_words_are_far_below_the_top_token(tiny_l
     reward = VLMYesReward(*tiny_llava)
     plain = reward(images, PROMPTS).scores
     score_logits = reward.judge.next_token_logits
-    other = next(i for i in range(tiny_llava[0].config.text_config.vocab_size) if i not in sum(yes_no_ids, []))
+    other = next(
+        i for i in range(tiny_llava[0].config.text_config.vocab_size) if i not in sum(yes_no_ids, [])
+    )
 
     def confident(texts, chat_images):
         logits = score_logits(texts, chat_images).clone()
