@@ -26,7 +26,14 @@ from genalign.pipelines import (
     RLGStableDiffusionXLPipeline,
     rlg_combine,
 )
-from genalign.tiny.diffusion import flux_pipeline, sana_pipeline, sd3_pipeline, sd_pipeline, sdxl_pipeline
+from genalign.tiny.diffusion import (
+    flux_pipeline,
+    lcm_pipeline,
+    sana_pipeline,
+    sd3_pipeline,
+    sd_pipeline,
+    sdxl_pipeline,
+)
 
 PROMPT = "a red circle"
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -52,6 +59,12 @@ def _run(pipe, **kwargs) -> torch.Tensor:
 FAMILIES = {
     "sd-ddim": (lambda: sd_pipeline(seed=0, scheduler="ddim"), "unet", {"guidance_scale": 3.0}),
     "sd-euler": (lambda: sd_pipeline(seed=0, scheduler="euler"), "unet", {"guidance_scale": 3.0}),
+    # an LCM-distilled UNet (an RLCM run's, say) in the SD pipeline: guidance is an embedding, not CFG
+    "sd-lcm": (
+        lambda: StableDiffusionPipeline(**lcm_pipeline(seed=0).components, requires_safety_checker=False),
+        "unet",
+        {"guidance_scale": 4.0},
+    ),
     "sd3": (lambda: sd3_pipeline(seed=0), "transformer", {"guidance_scale": 3.0}),
     "sdxl": (lambda: sdxl_pipeline(seed=0), "unet", {"guidance_scale": 3.0}),
     # FLUX.1-dev: the embedded guidance makes each branch's single pass already guided

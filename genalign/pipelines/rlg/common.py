@@ -323,6 +323,18 @@ class RLGMixin(abc.ABC):
             return next(iter(guided.values()))
         return rlg_combine(guided["reference"], guided["rl"], rlg_scale)
 
+    def _lcm_timestep_cond(
+        self, call: RLGCall, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """An LCM-distilled UNet's guidance embedding (``w - 1`` per image, as diffusers' SD and SDXL
+        pipelines build it when ``unet.config.time_cond_proj_dim`` is set; CFG is off for it), or
+        None for any other UNet."""
+        dim = self.unet.config.time_cond_proj_dim
+        if dim is None:
+            return None
+        guidance = torch.tensor(call.guidance_scale - 1).repeat(call.num_images)
+        return self.get_guidance_scale_embedding(guidance, embedding_dim=dim).to(device=device, dtype=dtype)
+
     @staticmethod
     def _cfg_prediction(
         call: RLGCall, do_cfg: bool, denoiser: torch.nn.Module, *args: Any, **kwargs: Any

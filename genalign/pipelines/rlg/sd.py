@@ -54,11 +54,18 @@ class RLGStableDiffusionPipeline(
         dtype = embeds[branches[0][0]].dtype
         latents = self._rlg_latents(call, self.unet.config.in_channels, height, width, dtype, device)
         extra_step_kwargs = self.prepare_extra_step_kwargs(call.generator, call.eta)
+        timestep_cond = self._lcm_timestep_cond(call, device, latents.dtype)  # LCM: guidance embedded
 
         # 5. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, model_input: torch.Tensor, t: torch.Tensor):
             return self._cfg_prediction(
-                call, do_cfg, denoiser, model_input, t, encoder_hidden_states=embeds[name]
+                call,
+                do_cfg,
+                denoiser,
+                model_input,
+                t,
+                encoder_hidden_states=embeds[name],
+                timestep_cond=timestep_cond,
             )
 
         def model_input(latents: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,12 +60,7 @@ class RLGStableDiffusionXLPipeline(
         dtype = conditioning[branches[0][0]][0].dtype
         latents = self._rlg_latents(call, self.unet.config.in_channels, height, width, dtype, device)
         extra_step_kwargs = self.prepare_extra_step_kwargs(call.generator, call.eta)
-        timestep_cond = None
-        if self.unet.config.time_cond_proj_dim is not None:  # LCM-SDXL: guidance as an embedding
-            guidance = torch.tensor(call.guidance_scale - 1).repeat(call.num_images)
-            timestep_cond = self.get_guidance_scale_embedding(
-                guidance, embedding_dim=self.unet.config.time_cond_proj_dim
-            ).to(device=device, dtype=latents.dtype)
+        timestep_cond = self._lcm_timestep_cond(call, device, latents.dtype)  # LCM-SDXL: guidance embedded
 
         # 4. Denoising loop
         def predict(name: str, denoiser: torch.nn.Module, model_input: torch.Tensor, t: torch.Tensor):
