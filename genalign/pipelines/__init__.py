@@ -18,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "RENO_REWARD_KWARGS": "reno",
     "RENO_REWARD_WEIGHTS": "reno",
     "ReNOFluxPipeline": "reno",
     "ReNOPipeline": "reno",

@@ -20,7 +20,7 @@ import torch
 from genalign.rewards.base import RewardOutput, register_reward
 from genalign.rewards.clip_models import CLIPBackendReward
 
-CONVENTIONS = ("clipscore", "cosine")
+CONVENTIONS = ("clipscore", "cosine", "logit")
 PAPER_PREFIX = "A photo depicts"
 DEFAULT_MODELS = {"open_clip": "ViT-B-32", "transformers": "openai/clip-vit-base-patch32"}
 
@@ -42,13 +42,16 @@ class CLIPScoreReward(CLIPBackendReward):
         backend: "open_clip" or "transformers".
         model: the CLIP model (see :class:`~genalign.rewards.clip_models.CLIPBackendReward`);
             default: the paper's ViT-B/32 (``"ViT-B-32"`` / ``"openai/clip-vit-base-patch32"``).
-        convention: "clipscore" -> ``w * max(cos, 0)`` in [0, w]; "cosine" -> cos in [-1, 1].
+        convention: "clipscore" -> ``w * max(cos, 0)`` in [0, w]; "cosine" -> cos in [-1, 1];
+            "logit" -> ``exp(logit_scale) * cos``, CLIP's own logit (100 cos for models whose
+            temperature reached OpenAI's cap; ReNO's CLIP reward, ``rewards/clip.py``).
         w: CLIPScore's rescaling weight (2.5 in the paper).
         prefix: text put before every prompt; the paper uses "A photo depicts" (``PAPER_PREFIX``).
         pretrained, model_config, processor, device, dtype, strict, **backend_kwargs: as
             :class:`~genalign.rewards.clip_models.CLIPBackendReward` takes them.
 
-    Scores: ``[B]``; range [0, w] (typically 0.5-1.0 for w = 2.5 with ViT-B/32) or [-1, 1].
+    Scores: ``[B]``; range [0, w] (typically 0.5-1.0 for w = 2.5 with ViT-B/32), [-1, 1] or
+    [-100, 100] (the logit).
     Differentiable w.r.t. the images (the ``max(., 0)`` clamp has zero gradient below 0).
     """
 
@@ -74,6 +77,10 @@ class CLIPScoreReward(CLIPBackendReward):
         cosine = self.embedder.cosine(images, add_prefix(prompts, self.prefix))  # (B,)
         if self.convention == "cosine":
             return RewardOutput(cosine, {})
+        if self.convention == "logit":
+            return RewardOutput(
+                self.embedder.logit_scale().to(cosine.device) * cosine, {"cosine": cosine.detach()}
+            )
         # Hessel et al. 2021, Eq. 1: w * max(cos, 0)
         return RewardOutput(self.w * cosine.clamp(min=0.0), {"cosine": cosine.detach()})
 

@@ -121,6 +121,25 @@ def test_ensemble_weights(clip_reward):
     torch.testing.assert_close(ensemble(images, ["a", "b"]).scores, expected)
 
 
+def test_default_ensemble_loads_clip_as_renos_logit(clip_folder, monkeypatch):
+    """The paper's CLIP weight 0.01 multiplies ReNO's CLIP logit (``exp(logit_scale) * cos``, LAION
+    ViT-H/14 through transformers), not CLIPScore: the default member is loaded that way, and a
+    user's kwargs for it update the defaults (here, the tiny model in place of the hub id)."""
+    from genalign.pipelines.reno import objective
+
+    monkeypatch.setattr(objective, "RENO_REWARD_WEIGHTS", {"clip": 0.01})
+    assert objective.RENO_REWARD_KWARGS["clip"] == {
+        "backend": "transformers",
+        "model": "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        "convention": "logit",
+    }
+    ensemble = build_reward_ensemble(None, reward_kwargs={"clip": {"model": clip_folder}})
+    logit = load_reward("clip", backend="transformers", model=clip_folder, convention="logit")
+    images = torch.rand(2, 3, 32, 32)
+    expected = 0.01 * logit(images, ["a", "b"]).scores
+    torch.testing.assert_close(ensemble(images, ["a", "b"]).scores, expected, atol=1e-6, rtol=0)
+
+
 def test_from_pretrained_adam_checkpointing_and_tuple(tmp_path, clip_reward):
     lcm_pipeline(seed=0, save_to=tmp_path / "lcm")
     pipe = ReNOPipeline.from_pretrained(str(tmp_path / "lcm"))

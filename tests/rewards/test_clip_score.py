@@ -8,7 +8,7 @@ import torch
 from genalign.rewards import load_reward
 from genalign.rewards.clip_score import PAPER_PREFIX
 
-from .helpers import PROMPTS, open_clip_cosine, smooth_images, transformers_cosine, uint8_images
+from .helpers import PROMPTS, open_clip_cosine, smooth_images, to_pil, transformers_cosine, uint8_images
 
 
 @pytest.fixture
@@ -41,6 +41,20 @@ def test_transformers_cosine_convention_with_paper_prefix(tiny_hf_clip, native_i
     )
     expected = transformers_cosine(tiny_hf_clip, native_images, [f"A photo depicts {p}" for p in PROMPTS])
     torch.testing.assert_close(reward(native_images, PROMPTS).scores, expected, atol=1e-5, rtol=0)
+
+
+def test_logit_convention_is_clips_own_logit(tiny_hf_clip, native_images):
+    """ReNO's CLIP reward: ``exp(logit_scale) * cos`` (its loss is 100 minus it), the model's own
+    image-text logit, here from transformers' ``CLIPModel`` forward."""
+    reward = load_reward("clip", backend="transformers", model=str(tiny_hf_clip.folder), convention="logit")
+    processor, model = tiny_hf_clip.processor, tiny_hf_clip.model
+    with torch.no_grad():
+        inputs = processor(
+            text=PROMPTS, images=[to_pil(image) for image in native_images], padding=True, return_tensors="pt"
+        )
+        expected = model(**inputs).logits_per_image.diagonal()
+    assert model.logit_scale.exp().item() != 1.0  # the scale is part of what is checked
+    torch.testing.assert_close(reward(native_images, PROMPTS).scores, expected, atol=1e-4, rtol=0)
 
 
 def test_custom_w_and_negative_cosines_clamp_to_zero(tiny_hf_clip, native_images):

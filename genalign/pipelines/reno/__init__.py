@@ -35,12 +35,18 @@ from __future__ import annotations
 from genalign.pipelines.reno.common import ReNOPipelineOutput
 from genalign.pipelines.reno.dispatch import ReNOPipeline
 from genalign.pipelines.reno.flux import ReNOFluxPipeline
-from genalign.pipelines.reno.objective import RENO_REWARD_WEIGHTS, build_reward_ensemble, norm_regularizer
+from genalign.pipelines.reno.objective import (
+    RENO_REWARD_KWARGS,
+    RENO_REWARD_WEIGHTS,
+    build_reward_ensemble,
+    norm_regularizer,
+)
 from genalign.pipelines.reno.pixart import ReNOPixArtAlphaPipeline
 from genalign.pipelines.reno.sd import ReNOStableDiffusionPipeline
 from genalign.pipelines.reno.sdxl import ReNOStableDiffusionXLPipeline
 
 __all__ = [
+    "RENO_REWARD_KWARGS",
     "RENO_REWARD_WEIGHTS",
     "ReNOFluxPipeline",
     "ReNOPipeline",

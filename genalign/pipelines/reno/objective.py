@@ -17,13 +17,30 @@ from genalign.rewards import EnsembleReward, Reward, list_rewards, load_reward
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RENO_REWARD_WEIGHTS", "RewardsSpec", "build_reward_ensemble", "norm_regularizer"]
+__all__ = [
+    "RENO_REWARD_KWARGS",
+    "RENO_REWARD_WEIGHTS",
+    "RewardsSpec",
+    "build_reward_ensemble",
+    "norm_regularizer",
+]
 
 RENO_REWARD_WEIGHTS: dict[str, float] = {"hpsv2": 5.0, "imagereward": 1.0, "pickscore": 0.05, "clip": 0.01}
 """The paper's default ensemble weights (HPS v2.1, ImageReward, PickScore, CLIP; ReNO code
-``arguments.py``). They were tuned on each model's native loss scale; our rewards score on their
-own scales, so treat them as a starting point. ImageReward joins when a reward of that name is
-registered."""
+``arguments.py``), each on the scale of the official loss it weighs: HPS v2.1's cosine, PickScore's
+and CLIP's logit (``exp(logit_scale) * cos``; :data:`RENO_REWARD_KWARGS` sets CLIP to ReNO's model
+and logit, where our ``clip`` defaults to CLIPScore on ViT-B/32). ImageReward joins when a reward
+of that name is registered."""
+
+RENO_REWARD_KWARGS: dict[str, dict[str, Any]] = {
+    "clip": {
+        "backend": "transformers",
+        "model": "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        "convention": "logit",
+    },
+}
+"""What the default ensemble loads each member with (ReNO's ``rewards/clip.py``: the LAION ViT-H/14,
+``100 - exp(logit_scale) * cos`` as the loss); ``reward_kwargs`` given for a name update these."""
 
 RewardsSpec = (
     Reward | Mapping[str, float | tuple[float, Mapping[str, Any]]] | Sequence[Reward | tuple[Reward, float]]
@@ -59,7 +76,7 @@ def build_reward_ensemble(
         rewards: a ``Reward`` (used as is); a mapping ``{registered name: weight}`` (or
             ``{name: (weight, kwargs)}``), loaded with :func:`load_reward`; a list of ``Reward``
             or ``(Reward, weight)``. ``None``: the paper's ensemble :data:`RENO_REWARD_WEIGHTS`,
-            restricted to the registered names.
+            restricted to the registered names, each loaded with :data:`RENO_REWARD_KWARGS`.
         reward_kwargs: per-name keyword arguments for :func:`load_reward` (mapping form only).
 
     Raises:
@@ -69,7 +86,11 @@ def build_reward_ensemble(
     reward_kwargs = dict(reward_kwargs or {})
     if rewards is None:
         known = set(list_rewards())
-        rewards = {name: weight for name, weight in RENO_REWARD_WEIGHTS.items() if name in known}
+        rewards = {
+            name: (weight, {**RENO_REWARD_KWARGS.get(name, {}), **reward_kwargs.get(name, {})})
+            for name, weight in RENO_REWARD_WEIGHTS.items()
+            if name in known
+        }
         skipped = sorted(set(RENO_REWARD_WEIGHTS) - known)
         if skipped:
             logger.warning("ReNO default ensemble: %s not registered, left out", ", ".join(skipped))
