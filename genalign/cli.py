@@ -455,7 +455,8 @@ def _add_reno(sub: argparse._SubParsersAction) -> None:
         "--reward",
         action="append",
         default=[],
-        help="NAME=WEIGHT, repeated (default: the paper's hpsv2=5 pickscore=0.05 clip=0.01 ensemble)",
+        help="NAME=WEIGHT, repeated (default: the paper's ensemble, hpsv2=5 pickscore=0.05 and clip=0.01 "
+        "as ReNO's CLIP logit on the LAION ViT-H/14: RENO_REWARD_KWARGS)",
     )
     p.add_argument(
         "--reward-arg", action="append", default=[], help="NAME.key=value (YAML value) for one reward"
