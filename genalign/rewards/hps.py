@@ -16,7 +16,8 @@ Preprocessing is HPS's own, not open_clip's default: ``img_score.py`` builds the
 ``light_augmentation=True``, whose eval transform is ``resize_longest_max=True`` (HPS's
 ``ResizeMaxSize``): the longest side is resized to 224 (bicubic, aspect kept) and the rest padded
 with black, nothing cropped. It resizes the float tensor (``ToTensor`` comes first), so bicubic
-overshoot is not clamped as a PIL image's would be.
+overshoot is not clamped as a PIL image's would be; antialiased, as torchvision >= 0.17 resizes a
+tensor by default (older torchvision did not antialias tensors).
 """
 
 from __future__ import annotations
