@@ -148,12 +148,12 @@ def paired_change_interval(
         raise ValueError(f"got {len(before)} before, {len(after)} after and {len(categories)} categories")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if not categories:
+    if len(categories) == 0:
         return math.nan, math.nan, math.nan
     differences = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     labels = np.asarray(categories)
     means, variances = [], []
-    for category in dict.fromkeys(categories):  # first-seen order; the sums do not depend on it
+    for category in dict.fromkeys(labels.tolist()):  # first-seen order; the sums do not depend on it
         d = differences[labels == category]
         means.append(d.mean())
         variances.append(d.var(ddof=1) / len(d) if len(d) > 1 else math.nan)

@@ -83,13 +83,61 @@ def test_inversion_score_is_kendall_tau_rescaled_without_ties():
 def test_inversion_score_counts_pairs_by_hand():
     # human: a > b > c (ranks 1, 2, 3); reward orders b > a > c: one inversion of three pairs.
     assert metrics.inversion_score([1, 2, 3], [0.5, 0.9, 0.1]) == pytest.approx(2 / 3)
-    # human ties are never inversions; a constant reward keeps input order (stable).
+    # human ties are never inversions
     assert metrics.inversion_score([1, 1, 2], [0.0, 5.0, 1.0]) == pytest.approx(1 - 1 / 3)
     brute = sum(
         (h_i - h_j) * (p_i - p_j) < 0
         for (h_i, p_i), (h_j, p_j) in itertools.combinations(zip([3, 1, 2, 4], [1, 0, 2, 3]), 2)
     )
     assert metrics.inversion_score([3, 1, 2, 4], [0.0, 4.0, -1.0, -2.0]) == pytest.approx(1 - brute / 6)
+
+
+def test_a_pair_the_reward_ties_is_half_an_inversion_whatever_the_order():
+    """HPS v2's argsort orders equal scores arbitrarily; half an inversion is the expectation, and
+    the score no longer depends on where the images sit in the file."""
+    assert metrics.inversion_score([1, 2, 3, 4], [0, 0, 0, 0]) == 0.5
+    assert metrics.inversion_score([4, 3, 2, 1], [0, 0, 0, 0]) == 0.5
+    human, scores = [1, 2, 3, 4], [3, 3, 1, 0]  # pair (0, 1) tied by the reward, the rest right
+    assert metrics.inversion_score(human, scores) == pytest.approx(1 - 0.5 / 6)
+    assert metrics.inversion_score(human[::-1], scores[::-1]) == metrics.inversion_score(human, scores)
+    rng = np.random.default_rng(4)  # the mean over every tie order, by brute force
+    human = rng.permutation(6) + 1
+    scores = rng.integers(0, 3, size=6).astype(float)
+    orders = [
+        metrics.inversion_score(human, scores + 1e-9 * np.array(p)) for p in itertools.permutations(range(6))
+    ]
+    assert metrics.inversion_score(human, scores) == pytest.approx(np.mean(orders))
+
+
+def imagereward_acc_by_hand(rankings, rewards):
+    """ImageReward's ``acc`` (``test.py``), transcribed: ranks lower = better, pooled over pairs."""
+    right = counted = 0
+    for ranking, reward in zip(rankings, rewards):
+        for i, j in itertools.combinations(range(len(ranking)), 2):
+            if ranking[i] > ranking[j]:
+                counted += 1
+                right += reward[i] < reward[j]
+            elif ranking[i] < ranking[j]:
+                counted += 1
+                right += reward[i] > reward[j]
+    return right / counted
+
+
+def test_imagereward_accuracy_pools_pairs_skips_human_ties_and_counts_reward_ties_wrong():
+    rankings = [[1, 2, 2, 4], [2, 1, 3], [1, 1, 1, 2, 3]]
+    rewards = [[0.0, 0.0, 0.0, 0.0], [0.2, 0.9, 0.1], [0.5, 0.4, 0.4, 0.4, 0.0]]
+    counts = np.array([metrics.imagereward_pair_counts(r, s) for r, s in zip(rankings, rewards)])
+    assert counts[0].tolist() == [0, 5]  # a constant reward gets nothing right; the human tie is out
+    value, (low, high) = metrics.pooled_accuracy(counts, n_boot=200, seed=0)
+    assert value == pytest.approx(imagereward_acc_by_hand(rankings, rewards))
+    assert low <= value <= high
+    rng = np.random.default_rng(5)
+    rankings = [list(rng.integers(1, 5, size=6)) for _ in range(20)]
+    rewards = [list(rng.integers(0, 3, size=6).astype(float)) for _ in range(20)]
+    counts = np.array([metrics.imagereward_pair_counts(r, s) for r, s in zip(rankings, rewards)])
+    assert metrics.pooled_accuracy(counts, n_boot=0)[0] == pytest.approx(
+        imagereward_acc_by_hand(rankings, rewards)
+    )
 
 
 def test_mos_correlations_match_scipy_and_the_logistic_fit_recovers_a_logistic():

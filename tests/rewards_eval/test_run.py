@@ -197,4 +197,7 @@ def test_ranking_task_with_categories(image_dir, tmp_path):
     assert entry["metrics"]["inversion_score"]["value"] == pytest.approx(0.5)
     assert entry["per_category"]["x"]["metrics"]["inversion_score"]["value"] == 1.0
     assert entry["per_category"]["y"]["metrics"]["inversion_score"]["value"] == 0.0
+    assert entry["metrics"]["accuracy_imagereward"]["value"] == pytest.approx(0.5)  # 3 of 6 pairs
+    assert entry["per_category"]["x"]["metrics"]["accuracy_imagereward"]["value"] == 1.0
+    assert entry["per_category"]["y"]["metrics"]["accuracy_imagereward"]["value"] == 0.0
     assert (tmp_path / "out" / "accuracy_per_category.png").exists()

@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,6 +100,8 @@ def test_paired_change_interval_by_hand():
     assert all(math.isnan(v) for v in paired_change_interval([0, 1], [1, 1], ["a", "b"])[1:])
     with pytest.raises(ValueError, match="before"):
         paired_change_interval([0], [0, 1], ["a", "a"])
+    # categories as a numpy array (a DataFrame column, say) give the same interval
+    assert paired_change_interval(before, after, np.array(categories)) == (change, low, high)
 
 
 def _result(correct: list[int], categories: list[str]) -> dict:

@@ -13,10 +13,17 @@ Preference (pairs; ``label`` = 0 image_0 wins, 1 image_1 wins, 0.5 tie), three t
 - ``strict``: every pair counts; a human tie is right only when the scores are exactly equal, a
   decided pair only when the winner scores strictly higher.
 
-Ranking (HPS v2, Wu et al. 2023, ``evaluate_rank``): per prompt, scores become ranks (stable
-sort, higher score = better rank); the score is ``1 - inversions / (n (n - 1) / 2)`` where an
-inversion is a pair ordered one way by humans and the other by the reward (human ties are never
-inversions); the summary is the mean over prompts.
+Ranking, two official readings:
+
+- ``inversion_score`` (HPS v2, Wu et al. 2023, ``evaluate_rank``): per prompt
+  ``1 - inversions / (n (n - 1) / 2)``, an inversion being a pair ordered one way by humans and the
+  other by the reward (human ties are never inversions); the mean over prompts. HPS v2 ranks the
+  scores with an argsort, which orders equal scores arbitrarily; a pair the reward ties counts half
+  an inversion here, the expectation over that order (so the score does not depend on the order of
+  the images in the file).
+- ``accuracy_imagereward`` (ImageReward, Xu et al. 2023, ``test.py``'s ``acc``; HPS v2 uses it too on
+  ImageReward's test set, which has human ties): over every pair of every prompt, pooled, pairs
+  humans tied are left out and a pair the reward ties counts as wrong.
 
 MOS (IQA practice, VQEG 2000 Phase I report): SRCC, KRCC, PLCC of scores against MOS, raw and
 after mapping the scores through the 4-parameter logistic
@@ -120,15 +127,51 @@ def scores_to_ranks(scores: Sequence[float]) -> np.ndarray:
 
 
 def inversion_score(human_ranks: Sequence[float], scores: Sequence[float]) -> float:
-    """HPS v2's per-prompt score: ``1 - inversions / (n (n - 1) / 2)`` (human ranks: lower = better)."""
+    """HPS v2's per-prompt score: ``1 - inversions / (n (n - 1) / 2)`` (human ranks: lower = better;
+    higher score = better). A pair humans ranked and the reward tied is half an inversion."""
     human = np.asarray(human_ranks, dtype=float)
-    predicted = scores_to_ranks(scores)
+    score = np.asarray(scores, dtype=float)
     n = len(human)
     if n < 2:
         return float("nan")
     i, j = np.triu_indices(n, k=1)
-    inversions = np.sum((human[i] - human[j]) * (predicted[i] - predicted[j]) < 0)
+    human_order = np.sign(human[j] - human[i])  # +1: i ranked better by humans
+    reward_order = np.sign(score[i] - score[j])  # +1: i scored higher
+    inversions = np.sum(human_order * reward_order < 0) + 0.5 * np.sum(
+        (human_order != 0) & (reward_order == 0)
+    )
     return float(1.0 - inversions / (n * (n - 1) / 2))
+
+
+def imagereward_pair_counts(human_ranks: Sequence[float], scores: Sequence[float]) -> tuple[int, int]:
+    """ImageReward's pair counts on one prompt: ``(right, counted)``, humans' ties left out, the
+    reward's ties wrong (their ``acc``: the accuracy is the pooled ``sum right / sum counted``)."""
+    human = np.asarray(human_ranks, dtype=float)
+    score = np.asarray(scores, dtype=float)
+    i, j = np.triu_indices(len(human), k=1)
+    human_order = np.sign(human[j] - human[i])
+    counted = human_order != 0
+    right = counted & (human_order * np.sign(score[i] - score[j]) > 0)
+    return int(right.sum()), int(counted.sum())
+
+
+def pooled_accuracy(
+    counts: np.ndarray, n_boot: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, tuple[float, float]]:
+    """``sum right / sum counted`` over units ``counts [n, 2]`` (right, counted) and its percentile
+    bootstrap interval, resampling whole units (prompts: their pairs are not independent)."""
+    counts = np.asarray(counts, dtype=float).reshape(-1, 2)
+    total = counts[:, 1].sum()
+    value = float(counts[:, 0].sum() / total) if total > 0 else float("nan")
+    if n_boot <= 0 or total == 0:
+        return value, (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(counts), size=(n_boot, len(counts)))
+    right, counted = counts[index, 0].sum(axis=1), counts[index, 1].sum(axis=1)
+    ratios = right[counted > 0] / counted[counted > 0]
+    alpha = 100 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(ratios, [alpha, 100 - alpha])
+    return value, (float(low), float(high))
 
 
 # -- MOS ---------------------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ def _metric_order(name: str) -> tuple[bool, int, str]:
         "accuracy_skip_ties",
         "accuracy_strict",
         "inversion_score",
+        "accuracy_imagereward",
         "srcc",
         "krcc",
         "plcc",

@@ -346,15 +346,24 @@ def preference_metrics(
 def ranking_metrics(
     samples: Sequence[EvalSample], scores: Sequence[list[float]], config: EvalConfig
 ) -> dict[str, Any]:
-    """Mean HPS v2 inversion score over prompts, with its interval."""
+    """Mean HPS v2 inversion score over prompts and ImageReward's pooled pair accuracy, each with
+    an interval resampling prompts."""
     per_prompt = np.array(
         [metrics.inversion_score(s.target, sc) for s, sc in zip(samples, scores)], dtype=float
     )
     value = float(np.mean(per_prompt)) if per_prompt.size else float("nan")
     interval = metrics.mean_interval(per_prompt, config.bootstrap, config.seed)
+    counts = np.array(
+        [metrics.imagereward_pair_counts(s.target, sc) for s, sc in zip(samples, scores)], dtype=float
+    ).reshape(-1, 2)
     return {
-        "metrics": {"inversion_score": _with_interval(value, interval)},
-        "credits": {"inversion_score": per_prompt},
+        "metrics": {
+            "inversion_score": _with_interval(value, interval),
+            "accuracy_imagereward": _with_interval(
+                *metrics.pooled_accuracy(counts, config.bootstrap, config.seed)
+            ),
+        },
+        "credits": {"inversion_score": per_prompt, "imagereward": counts},
     }
 
 
@@ -445,6 +454,11 @@ def _per_category(
             for policy, credit in overall["credits"].items():
                 name = policy if policy == "inversion_score" else "accuracy_" + policy.replace("-", "_")
                 values = np.asarray(credit, dtype=float)[mask]
+                if policy == "imagereward":  # (right, counted) per prompt: a pooled ratio
+                    entry["metrics"][name] = _with_interval(
+                        *metrics.pooled_accuracy(values, config.bootstrap, config.seed)
+                    )
+                    continue
                 value = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
                 entry["metrics"][name] = _with_interval(
                     value, metrics.mean_interval(values, config.bootstrap, config.seed)
