@@ -30,13 +30,21 @@ after mapping the scores through the 4-parameter logistic
 ``f(x) = (b1 - b2) / (1 + exp(-(x - b3) / |b4|)) + b2`` fitted by least squares. The fitted
 values predict MOS, so ``plcc_fitted`` measures prediction accuracy and is positive for a good fit
 whether the reward rises or falls with quality; the raw correlations keep the sign.
+
+Intervals are percentile bootstraps. By default they resample the units (images, pairs, prompts)
+independently; given ``clusters`` (one label per unit), :func:`bootstrap_intervals` and
+:func:`mean_interval` run a cluster bootstrap instead: each resample draws K cluster labels with
+replacement from the K clusters and takes every unit of each drawn cluster
+(:func:`cluster_bootstrap_index`), so units that share a scene or a prompt stay together and the
+interval reflects how much the clusters, not the units, vary. With one unit per cluster the
+resamples, and so the intervals, are exactly the unit-level ones.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -229,23 +237,70 @@ def mos_correlations(scores: Sequence[float], mos: Sequence[float], fit: bool = 
 # -- bootstrap ---------------------------------------------------------------------------------------
 
 
+def cluster_codes(clusters: Sequence[Hashable]) -> tuple[np.ndarray, int]:
+    """Cluster labels as codes ``0..K-1`` in order of first appearance, and K.
+
+    The first-appearance order makes one unit per cluster map unit ``i`` to code ``i``, so a
+    cluster bootstrap of singletons draws exactly the unit-level resamples."""
+    codes: dict[Hashable, int] = {}
+    array = np.fromiter((codes.setdefault(label, len(codes)) for label in clusters), dtype=np.int64)
+    return array, len(codes)
+
+
+def cluster_bootstrap_index(
+    clusters: Sequence[Hashable], n_boot: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """Row indices of ``n_boot`` cluster-bootstrap resamples of rows labelled ``clusters``.
+
+    Each resample draws K cluster codes with ``rng.integers(0, K, size=K)`` (codes in order of
+    first appearance, :func:`cluster_codes`) and yields the rows of every drawn cluster, in the
+    drawn order, rows of one cluster in row order; a cluster drawn twice appears twice. The
+    length varies with the clusters drawn; its mean over resamples is ``len(clusters)``.
+    Resamples are drawn lazily, one ``rng`` call each, as the unit-level bootstrap draws them, so
+    with one row per cluster they equal ``rng.integers(0, n, size=n)`` exactly.
+    """
+    codes, k = cluster_codes(clusters)
+    order = np.argsort(codes, kind="stable")  # rows grouped by cluster, row order within
+    sizes = np.bincount(codes, minlength=k)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    for _ in range(n_boot if k > 0 else 0):
+        draw = rng.integers(0, k, size=k)
+        lengths = sizes[draw]
+        ends = np.cumsum(lengths)
+        within = np.arange(ends[-1]) - np.repeat(ends - lengths, lengths)  # position inside its cluster
+        yield order[np.repeat(starts[draw], lengths) + within]
+
+
+def _check_clusters(clusters: Sequence[Hashable] | None, n: int) -> None:
+    if clusters is not None and len(clusters) != n:
+        raise ValueError(f"clusters has {len(clusters)} labels for {n} units")
+
+
 def bootstrap_intervals(
     statistic: Callable[[np.ndarray], dict[str, float]],
     n: int,
     n_boot: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap intervals of several statistics computed on the same resamples.
 
     ``statistic`` receives an index array of length ``n`` drawn with replacement from
     ``range(n)`` and returns named values. Resamples where a value is NaN are ignored for that
-    value; ``(nan, nan)`` when none is finite or ``n_boot`` is 0.
+    value; ``(nan, nan)`` when none is finite or ``n_boot`` is 0. With ``clusters`` (``n``
+    labels) the index array is a cluster-bootstrap resample (:func:`cluster_bootstrap_index`),
+    whose length varies.
     """
+    _check_clusters(clusters, n)
     rng = np.random.default_rng(seed)
+    if clusters is None:
+        resamples: Iterator[np.ndarray] = (rng.integers(0, n, size=n) for _ in range(n_boot if n > 0 else 0))
+    else:
+        resamples = cluster_bootstrap_index(clusters, n_boot, rng)
     draws: dict[str, list[float]] = {}
-    for _ in range(n_boot if n > 0 else 0):
-        for name, value in statistic(rng.integers(0, n, size=n)).items():
+    for index in resamples:
+        for name, value in statistic(index).items():
             draws.setdefault(name, []).append(value)
     alpha = 100 * (1.0 - confidence) / 2.0
     intervals = {}
@@ -266,27 +321,48 @@ def bootstrap_interval(
     n_boot: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of one statistic (see :func:`bootstrap_intervals`)."""
     if n_boot <= 0 or n == 0:
         return float("nan"), float("nan")
-    return bootstrap_intervals(lambda index: {"value": statistic(index)}, n, n_boot, seed, confidence)[
-        "value"
-    ]
+    return bootstrap_intervals(
+        lambda index: {"value": statistic(index)}, n, n_boot, seed, confidence, clusters
+    )["value"]
 
 
 def mean_interval(
-    values: Sequence[float], n_boot: int = 1000, seed: int = 0, confidence: float = 0.95
+    values: Sequence[float],
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``nanmean(values)``, vectorised (per-pair credits, per-prompt scores)."""
+    """Percentile bootstrap interval of ``nanmean(values)``, vectorised (per-pair credits, per-prompt scores).
+
+    With ``clusters`` (one label per value) a cluster bootstrap: ``rng.integers(0, K, size=(n_boot, K))``
+    draws the clusters of every resample at once (as the unit-level path draws units) and a
+    resample's mean is its clusters' summed finite values over their count of finite values, the
+    ``nanmean`` of all their rows.
+    """
     values = np.asarray(values, dtype=float)
+    _check_clusters(clusters, values.size)
     if n_boot <= 0 or values.size == 0 or not np.isfinite(values).any():
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    index = rng.integers(0, values.size, size=(n_boot, values.size))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        means = np.nanmean(values[index], axis=1)
+    if clusters is None:
+        index = rng.integers(0, values.size, size=(n_boot, values.size))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            means = np.nanmean(values[index], axis=1)
+    else:
+        codes, k = cluster_codes(clusters)
+        finite = np.isfinite(values)
+        sums = np.bincount(codes, weights=np.where(finite, values, 0.0), minlength=k)
+        counts = np.bincount(codes[finite], minlength=k)
+        draw = rng.integers(0, k, size=(n_boot, k))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)
     means = means[np.isfinite(means)]
     if means.size == 0:
         return float("nan"), float("nan")
