@@ -18,7 +18,8 @@ and ``num_levels=5`` a level 4, MOS 1); or, with ``levels="continuous"``, at rea
   (task ``mos``) and ``pairs.jsonl`` (task ``preference``: each image as ``image_0`` against its
   Q-Hawkeye degraded copy, :func:`~genalign.utils.degradations.degradation_pair`, as ``image_1``,
   ``label`` 0, so skip-ties accuracy is the rate at which a reward scores the original above its
-  degraded copy, an exact tie counting a half).
+  degraded copy, an exact tie counting a half). Rows of both files carry ``cluster``, the scene
+  index: the copies of one scene are not independent, so eval-reward's intervals resample scenes.
 * ``python -m genalign.toy.quality --split heldout --scenes 24 --out DIR`` runs the latter.
 """
 
@@ -247,6 +248,7 @@ def write_quality_set(
             "mos": score,
             "prompt": record["prompt"],
             "category": record["category"],
+            "cluster": record["scene"],
         }
         mos_rows.append(row)
         pair_rows.append(
@@ -257,6 +259,7 @@ def write_quality_set(
                 "label": 0.0,
                 "category": first,
                 "second_degradation": second,
+                "cluster": record["scene"],
             }
         )
     paths = out / "mos.jsonl", out / "pairs.jsonl"
