@@ -3,20 +3,24 @@
 A data set is a table (JSONL, JSON list, CSV/TSV, Parquet, or a Hugging Face ``datasets``
 folder written by ``save_to_disk``) whose columns are mapped onto the canonical names below.
 
-=============  ==============================================  ====================================
+=============  ==============================================  ==========================================
 task           required columns                                 optional columns
-=============  ==============================================  ====================================
-preference     ``prompt, image_0, image_1, label``              ``category, split, id``
+=============  ==============================================  ==========================================
+preference     ``prompt, image_0, image_1, label``              ``category, split, id, cluster``
 ranking        ``prompt, images`` (list), ``ranks`` (list)       ``category, split, id, group``
-mos            ``image, mos``                                    ``prompt, category, split, id``
-=============  ==============================================  ====================================
+mos            ``image, mos``                                    ``prompt, category, split, id, cluster``
+=============  ==============================================  ==========================================
 
 ``label`` is the probability that ``image_1`` is preferred: 0 (image_0 wins), 1 (image_1 wins)
 or 0.5 (tie). ``ranks`` are human ranks, lower is better (1 = best); ties share a rank.
 ``mos`` is a mean opinion score, higher is better. ``split`` marks rows used to tune PickScore's
 tie threshold (``validation``/``val``/``valid``). With ``group`` mapped, a ranking table is in
 long format: one image per row (``images`` holds one image, ``ranks`` one number) and rows with
-the same group value form one ranking.
+the same group value form one ranking. ``cluster`` labels rows that are not independent (the
+degraded copies of one scene, the pairs of one prompt): the bootstrap intervals then resample
+whole clusters (:func:`~genalign.rewards.evaluation.metrics.cluster_bootstrap_index`); given, it
+must be set on every row. ``genalign eval-reward --cluster-by prompt`` clusters by another
+column instead. A ranking sample is already one prompt, so rankings have no cluster.
 
 Images are paths (relative to the data file, or to ``image_root``), raw bytes (Parquet /
 ``datasets``), ``{"bytes": ..., "path": ...}`` dicts (the ``datasets`` Image feature in Parquet),
@@ -59,9 +63,9 @@ logger = logging.getLogger(__name__)
 TASKS = ("preference", "ranking", "mos")
 TASK_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # task: (required, optional)
-    "preference": (("prompt", "image_0", "image_1", "label"), ("category", "split", "id")),
+    "preference": (("prompt", "image_0", "image_1", "label"), ("category", "split", "id", "cluster")),
     "ranking": (("prompt", "images", "ranks"), ("category", "split", "id", "group")),
-    "mos": (("image", "mos"), ("prompt", "category", "split", "id")),
+    "mos": (("image", "mos"), ("prompt", "category", "split", "id", "cluster")),
 }
 PRESETS: dict[str, dict[str, Any]] = {
     "pickapic": {
@@ -98,6 +102,8 @@ class EvalSample:
         split: optional split name.
         line: where the (first) source row is, for messages: ``"line 7"`` (JSONL, CSV) or
             ``"row 7"`` (1-based, other formats).
+        cluster: optional cluster label (preference and mos): the bootstrap resamples whole
+            clusters when samples have one.
     """
 
     id: str
@@ -109,6 +115,7 @@ class EvalSample:
     split: str | None = None
     line: str = ""
     id_given: bool = False  # the id came from the data's id column (not a content hash)
+    cluster: str | None = None
 
 
 @dataclass
@@ -411,6 +418,7 @@ def rows_to_samples(
                 split=_optional(row, mapping, "split"),
                 line=where,
                 id_given=given_id is not None,
+                cluster=_optional(row, mapping, "cluster") if "cluster" in mapping else None,
             )
         )
     if bad_labels:
@@ -420,7 +428,19 @@ def rows_to_samples(
             f"{mapping['label']!r} ({shown})"
         )
     check_unique_ids(samples, source)
+    check_clusters_complete(samples, mapping, source)
     return samples
+
+
+def check_clusters_complete(samples: Sequence[EvalSample], mapping: Mapping[str, str], source: str) -> None:
+    """Raise naming the rows when some rows have a cluster and others none: a row without one
+    would silently become a cluster of its own (or all of them one cluster)."""
+    missing = [sample.line or f"row {sample.row + 1}" for sample in samples if sample.cluster is None]
+    if missing and len(missing) < len(samples):
+        raise ValueError(
+            f"{source}: column {mapping['cluster']!r} (for cluster) is empty in {len(missing)} of "
+            f"{len(samples)} rows ({', '.join(missing[:10])}); give every row a cluster or none"
+        )
 
 
 def check_unique_ids(samples: Sequence[EvalSample], source: str) -> None:

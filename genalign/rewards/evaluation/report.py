@@ -4,7 +4,8 @@ Files in the output folder:
 
 - ``scores.jsonl``: one line per sample: id, row, prompt, category, target, and per reward key its
   scores (one per image) or ``null`` with the error in ``errors``;
-- ``summary.json``: every metric with its bootstrap interval, coverage, failures, per category;
+- ``summary.json``: every metric with its bootstrap interval, coverage, failures, per category,
+  and ``bootstrap_unit``, what the intervals resample (images, pairs, prompts or clusters);
 - ``report.md``: the rewards side by side in markdown tables;
 - ``score_histogram.png``, ``scatter_mos.png`` (mos task), ``accuracy_per_category.png``
   (when the data has categories).
@@ -81,7 +82,7 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
         "",
         f"Data: `{summary['data']}` ({summary['n_samples']} samples). "
         f"Intervals: {int(summary['confidence'] * 100)}% percentile bootstrap, "
-        f"{summary['bootstrap']} resamples, seed {summary['seed']}.",
+        f"{summary['bootstrap']} resamples, seed {summary['seed']}; {resampling_unit(summary)}.",
         "",
         "| reward | scored | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
@@ -107,6 +108,15 @@ def markdown_report(summary: Mapping[str, Any]) -> str:
     ]
     lines += ["", "## Rewards", "", *spec_lines, ""]
     return "\n".join(lines)
+
+
+def resampling_unit(summary: Mapping[str, Any]) -> str:
+    """``intervals resample images`` (pairs, prompts), or ``intervals resample clusters (column
+    `X`, K clusters)`` for a cluster bootstrap (``summary["bootstrap_unit"]``)."""
+    unit = summary.get("bootstrap_unit") or {}
+    if unit.get("unit") == "clusters":
+        return f"intervals resample clusters (column `{unit['column']}`, {unit['n_clusters']} clusters)"
+    return f"intervals resample {unit.get('unit', 'samples')}"
 
 
 def _metric_order(name: str) -> tuple[bool, int, str]:

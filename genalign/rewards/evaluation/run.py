@@ -13,6 +13,11 @@ are reported beside them. PickScore's tie threshold is tuned once on the validat
 whose ``split`` is validation/val/valid, else a seeded random ``validation_fraction`` of the pairs)
 and the accuracy and its bootstrap interval are computed on the remaining test pairs with that
 threshold fixed; per-category numbers reuse the same threshold and test pairs.
+
+Intervals resample pairs (preference), prompts (ranking) or images (mos), unless the samples
+carry a ``cluster`` (the data's cluster column, or :attr:`EvalConfig.cluster_by`): then every
+preference and MOS interval, overall and per category, resamples whole clusters
+(:func:`~genalign.rewards.evaluation.metrics.cluster_bootstrap_index`) with the same seeds.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ from genalign.rewards.evaluation.data import (
 )
 
 logger = logging.getLogger(__name__)
+
+# the sample fields a bootstrap can cluster by (EvalConfig.cluster_by); any other file column is
+# mapped onto ``cluster`` with --columns cluster=COLUMN
+CLUSTER_BY = ("cluster", "prompt", "category", "id")
+BOOTSTRAP_UNITS = {"preference": "pairs", "ranking": "prompts", "mos": "images"}
+FEW_CLUSTERS = 10  # below this many clusters a cluster bootstrap's interval is rough
 
 
 @dataclass
@@ -97,6 +108,9 @@ class EvalConfig:
         validation_fraction: share of pairs used to tune the threshold when the data has no split column.
         temperature: softmax temperature turning reward scores into PickScore probabilities.
         progress: show a progress bar.
+        cluster_by: resample whole clusters of samples sharing this field (one of
+            :data:`CLUSTER_BY`, e.g. ``"prompt"``) in the preference and MOS intervals; None uses
+            the data's ``cluster`` column when it has one, else resamples single pairs / images.
     """
 
     batch_size: int = 16
@@ -107,6 +121,7 @@ class EvalConfig:
     validation_fraction: float = 0.5
     temperature: float = 1.0
     progress: bool = True
+    cluster_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -117,6 +132,11 @@ class EvalConfig:
             raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.cluster_by is not None and self.cluster_by not in CLUSTER_BY:
+            raise ValueError(
+                f"cluster_by must be one of {CLUSTER_BY}, got {self.cluster_by!r}; to cluster by "
+                f"another column of the file, map it: --columns cluster={self.cluster_by}"
+            )
 
 
 @dataclass
@@ -272,6 +292,42 @@ def score_dataset(
 # -- metrics -----------------------------------------------------------------------------------------
 
 
+def sample_clusters(samples: Sequence[EvalSample], cluster_by: str | None) -> np.ndarray | None:
+    """The samples' cluster labels (their ``cluster_by`` field, default their ``cluster``), or
+    None when they have none and ``cluster_by`` is not set. Raises when some samples lack one."""
+    name = cluster_by or "cluster"
+    labels = [getattr(sample, name) for sample in samples]
+    if cluster_by is None and all(label is None for label in labels):
+        return None
+    missing = [s.line or f"row {s.row + 1}" for s, label in zip(samples, labels) if label in (None, "")]
+    if missing:
+        raise ValueError(
+            f"cannot cluster by {name!r}: it is empty in {len(missing)} of {len(samples)} samples "
+            f"({', '.join(missing[:10])})"
+        )
+    return np.array(labels, dtype=object)
+
+
+def bootstrap_unit(dataset: EvalDataset, config: EvalConfig, warn: bool = True) -> dict[str, Any]:
+    """What the intervals resample: ``{"unit": "images" | "pairs" | "prompts"}``, or
+    ``{"unit": "clusters", "column": <file column>, "n_clusters": K}``; checks the clusters
+    (``warn``: log when there are fewer than :data:`FEW_CLUSTERS`)."""
+    if dataset.task == "ranking":
+        if config.cluster_by is not None:
+            raise ValueError(
+                "cluster_by is for the preference and mos tasks: a ranking sample is already one prompt"
+            )
+        return {"unit": BOOTSTRAP_UNITS["ranking"]}
+    clusters = sample_clusters(dataset.samples, config.cluster_by)
+    if clusters is None:
+        return {"unit": BOOTSTRAP_UNITS[dataset.task]}
+    name = config.cluster_by or "cluster"
+    n_clusters = len(set(clusters.tolist()))
+    if warn and n_clusters < FEW_CLUSTERS:
+        logger.warning("only %d clusters: a cluster bootstrap's intervals are rough with so few", n_clusters)
+    return {"unit": "clusters", "column": dataset.columns.get(name, name), "n_clusters": n_clusters}
+
+
 def _with_interval(value: float, interval: tuple[float, float]) -> dict[str, float]:
     return {"value": float(value), "ci_low": interval[0], "ci_high": interval[1]}
 
@@ -325,11 +381,13 @@ def preference_metrics(
         "skip-ties": metrics.preference_credit(s0, s1, labels, "skip-ties"),
         "strict": metrics.preference_credit(s0, s1, labels, "strict"),
     }
+    clusters = sample_clusters(samples, config.cluster_by)
     for offset, (policy, credit) in enumerate(credits.items()):
         name = "accuracy_" + policy.replace("-", "_")
         value = float(np.nanmean(credit)) if np.isfinite(credit).any() else float("nan")
         result["metrics"][name] = _with_interval(
-            value, metrics.mean_interval(credit, config.bootstrap, config.seed + offset)
+            value,
+            metrics.mean_interval(credit, config.bootstrap, config.seed + offset, clusters=clusters),
         )
     result["credits"] = credits
     result["pickscore"] = {
@@ -373,7 +431,11 @@ def mos_metrics(samples: Sequence[EvalSample], scores: np.ndarray, config: EvalC
     x = scores[:, 0] if scores.size else np.zeros(0)
     point = metrics.mos_correlations(x, mos) if len(x) else {}
     intervals = metrics.bootstrap_intervals(
-        lambda index: metrics.mos_correlations(x[index], mos[index]), len(x), config.bootstrap, config.seed
+        lambda index: metrics.mos_correlations(x[index], mos[index]),
+        len(x),
+        config.bootstrap,
+        config.seed,
+        clusters=sample_clusters(samples, config.cluster_by),
     )
     nan = (float("nan"), float("nan"))
     return {
@@ -401,6 +463,7 @@ def compute_metrics(
         for s in dataset.samples
         if results.get(s.id, SampleResult(error="not scored")).scores is None
     ]
+    bootstrap_unit(dataset, config, warn=False)  # checks the clusters before any metric
     summary: dict[str, Any] = {
         "n_total": len(dataset.samples),
         "n_scored": len(scored),
@@ -442,6 +505,7 @@ def _per_category(
     keeps the globally tuned threshold and its test split); MOS correlations are recomputed."""
     categories = sorted({s.category for s in dataset.samples if s.category is not None})
     scored_categories = np.array([s.category for s in scored], dtype=object)
+    clusters = None if dataset.task == "ranking" else sample_clusters(scored, config.cluster_by)
     breakdown = {}
     for category in categories:
         mask = scored_categories == category
@@ -461,7 +525,13 @@ def _per_category(
                     continue
                 value = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
                 entry["metrics"][name] = _with_interval(
-                    value, metrics.mean_interval(values, config.bootstrap, config.seed)
+                    value,
+                    metrics.mean_interval(
+                        values,
+                        config.bootstrap,
+                        config.seed,
+                        clusters=None if clusters is None else clusters[mask],
+                    ),
                 )
         elif mask.any():
             entry["metrics"] = run([s for s, keep in zip(scored, mask) if keep])["metrics"]
@@ -511,6 +581,7 @@ def evaluate_rewards(
         "bootstrap": config.bootstrap,
         "confidence": 0.95,
         "seed": config.seed,
+        "bootstrap_unit": bootstrap_unit(dataset, config),
         "rewards": {},
     }
     for spec in rewards:
