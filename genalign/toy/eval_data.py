@@ -8,9 +8,7 @@
   Order is randomised; ``split`` marks the first 40% as ``validation`` (PickScore's threshold).
 - ``assets/eval/quality/mos.jsonl``: toy scenes degraded by Gaussian blur, Gaussian noise or
   JPEG compression at levels 0-3; ``mos = 5 - level`` (a known degradation level standing in for
-  a mean opinion score), ``category`` = the degradation, ``cluster`` = the scene index (the
-  twelve copies of a scene are not independent: ``genalign eval-reward`` then resamples whole
-  scenes in its intervals). (Darkening is a fourth kind that
+  a mean opinion score), ``category`` = the degradation. (Darkening is a fourth kind that
   :mod:`genalign.toy.quality` can rate on request; the shipped set keeps the three.)
 
 Run ``python -m genalign.toy.eval_data [--out assets/eval]``.
@@ -151,13 +149,7 @@ def build_quality_set(out_dir: Path, seed: int = 0, n_scenes: int = QUALITY_SCEN
                 name = f"images/scene{scene_index}_{kind}{level}.png"
                 degrade(base, kind, level, rng).save(out_dir / name, optimize=True)
                 rows.append(
-                    {
-                        "image": name,
-                        "mos": float(5 - level),
-                        "prompt": prompt.caption,
-                        "category": kind,
-                        "cluster": scene_index,
-                    }
+                    {"image": name, "mos": float(5 - level), "prompt": prompt.caption, "category": kind}
                 )
     path = out_dir / "mos.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")

@@ -352,21 +352,9 @@ def test_cli_cluster_by_flag(image_dir, tmp_path):
 # -- the toy sets ------------------------------------------------------------------------------------
 
 
-def test_the_shipped_quality_set_clusters_by_scene():
-    rows = [json.loads(line) for line in (ASSETS / "quality" / "mos.jsonl").read_text().splitlines()]
-    assert [row["cluster"] for row in rows] == [
-        int(re.match(r"images/scene(\d+)_", row["image"]).group(1)) for row in rows
-    ]
-    assert load_eval_dataset(ASSETS / "quality" / "mos.jsonl", "mos").samples[0].cluster == "0"
-
-
-def test_the_toy_generators_write_the_scene_as_cluster(tmp_path):
-    from genalign.toy.eval_data import build_quality_set
+def test_the_toy_quality_sets_write_the_scene_as_cluster(tmp_path):
     from genalign.toy.quality import write_quality_set
 
-    path = build_quality_set(tmp_path / "eval", n_scenes=2)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [row["cluster"] for row in rows] == [0] * 12 + [1] * 12
     for path in write_quality_set(tmp_path / "toy", "heldout", scenes=2, seed=1):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         image = [row.get("image", row.get("image_0")) for row in rows]
