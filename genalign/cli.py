@@ -150,15 +150,7 @@ def cmd_eval_reward(args: argparse.Namespace) -> int:
         image_root=args.image_root,
     )
     specs = parse_reward_specs(args.reward, args.reward_arg)
-    same_names = (
-        "batch_size",
-        "bootstrap",
-        "seed",
-        "image_size",
-        "tie_threshold",
-        "temperature",
-        "cluster_by",
-    )
+    same_names = "batch_size bootstrap seed image_size tie_threshold temperature cluster_by".split()
     config = EvalConfig(progress=not args.no_progress, **_same_named(args, same_names))
     summary = evaluate_rewards(dataset, specs, args.out, config)
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
@@ -421,15 +413,11 @@ def _add_eval_reward(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tie-threshold", type=float, default=None, help="fixed PickScore tie threshold (default: tuned)"
     )
-    p.add_argument(
-        "--temperature", type=float, default=1.0, help="softmax temperature for PickScore probabilities"
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature for PickScore")
+    cluster_help = (
+        "intervals resample clusters of rows sharing FIELD: prompt, category, id (default: cluster)"
     )
-    p.add_argument(
-        "--cluster-by",
-        default=None,
-        metavar="FIELD",
-        help="intervals resample whole clusters of rows sharing FIELD (prompt, category, id; default: a cluster column)",
-    )
+    p.add_argument("--cluster-by", default=None, metavar="FIELD", help=cluster_help)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval_reward)
 
