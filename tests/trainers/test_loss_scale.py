@@ -12,35 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.loss_scale import DynamicLossScale, computes_in_float16
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY_SD = ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml"
-SMALL = [  # 4 samples in minibatches of 2: two optimizer steps per training step
-    "sampling.num_inference_steps=4",
-    "train.prompts_per_step=2",
-    "train.group_size=2",
-    "train.minibatch_size=2",
-    "train.timestep_fraction=0.5",
-    "train.adam_weight_decay=0.0",
-    "logging.progress=false",
-]
+from .tiny_ddpo import make_trainer, params
+
 FP16 = "model.dtype=float16"  # as configs/sd15/ddpo_aesthetic.yaml: a frozen fp16 UNet, fp32 LoRA
 
 
 @pytest.fixture(autouse=True)
 def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
-
-
-def make_trainer(folder: Path, *overrides: str):
-    config = load_recipe(TINY_SD, [*SMALL, f"logging.run_dir={folder}/run", *overrides])
-    return build_trainer(config, base_dir=TINY_SD.parent)
-
-
-def params(trainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.policy.named_trainable_parameters().items()}
 
 
 def rows(path: Path) -> list[dict]:

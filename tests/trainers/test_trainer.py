@@ -18,31 +18,12 @@ from genalign.rewards import Reward, RewardOutput
 from genalign.trainers import build_trainer, load_recipe
 from genalign.trainers.checkpoint import RecipeMismatchError
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY_SD = ROOT / "configs" / "tiny" / "ddpo_jpeg.yaml"
-SMALL = [
-    "sampling.num_inference_steps=4",
-    "train.prompts_per_step=2",
-    "train.group_size=2",
-    "train.minibatch_size=2",
-    "train.timestep_fraction=0.5",
-    "train.adam_weight_decay=0.0",
-    "logging.progress=false",
-]
+from .tiny_ddpo import ROOT, SMALL, TINY_SD, make_trainer, params
 
 
 @pytest.fixture(autouse=True)
 def _tiny_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GENALIGN_TINY_CACHE", str(tmp_path_factory.getbasetemp() / "tiny-cache"))
-
-
-def make_trainer(tmp_path: Path, *overrides: str, recipe: Path = TINY_SD):
-    config = load_recipe(recipe, [*SMALL, f"logging.run_dir={tmp_path}/run", *overrides])
-    return build_trainer(config, base_dir=recipe.parent)
-
-
-def params(trainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.policy.named_trainable_parameters().items()}
 
 
 def test_first_inner_step_is_on_policy(tmp_path):
