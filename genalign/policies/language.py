@@ -123,6 +123,23 @@ def suppress_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Ten
     return logits.index_fill(-1, index, float("-inf"))
 
 
+@contextlib.contextmanager
+def own_generation_config(model: Any, config: Any) -> Iterator[None]:
+    """Inside the block the model's ``generation_config`` is ``config``, so ``generate`` fills no
+    field of ours from the checkpoint's own (transformers copies every unset field from it). A
+    checkpoint's ``repetition_penalty`` (Qwen2.5 Instruct ships 1.05), ``no_repeat_ngram_size``,
+    ``min_new_tokens`` or ``suppress_tokens`` would otherwise reshape the logits before our sampler,
+    and tokens would be drawn from another distribution than the recorded ``log_softmax(logits /
+    T)``. ``model`` may be wrapped by peft: its base model is the one ``generate`` reads."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = getattr(base, "generation_config", None)
+    base.generation_config = config
+    try:
+        yield
+    finally:
+        base.generation_config = saved
+
+
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
@@ -536,11 +553,12 @@ class LanguagePolicy(torch.nn.Module):
             pad_token_id=self.pad_token_id,
             bos_token_id=None,
         )
-        sequences = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=config,
-            logits_processor=LogitsProcessorList([processor]),
-            **pack_model_inputs(model_inputs, prompt_ids.device),
-        )
+        with own_generation_config(self.model, config):
+            sequences = self.model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([processor]),
+                **pack_model_inputs(model_inputs, prompt_ids.device),
+            )
         return sequences[:, prompt_ids.shape[1] :]
