@@ -40,6 +40,7 @@ __all__ = [
     "format_reward",
     "parse_answer_score",
     "perception_k3",
+    "perception_row_scale",
     "perception_term",
     "repetition_penalty",
     "score_uncertainty_weights",
@@ -217,10 +218,17 @@ def perception_term(
     completion_mask: torch.Tensor,
     gamma: float,
     clamp: float = 10.0,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(-gamma * k3_bar, k3_bar)``: the term added to the loss and the token mean of
-    :func:`perception_k3` over every completion token of the batch (``completion_mask`` ``[B, L]``;
-    padding adds nothing)."""
+    """``(-gamma * k3_bar, k3_bar)``: the term added to the loss and the mean of
+    :func:`perception_k3` (``completion_mask`` ``[B, L]``; padding adds nothing).
+
+    Without ``row_scale``, ``k3_bar`` is the token mean over every completion token of the rows.
+    With ``row_scale`` ``[B]`` (:func:`perception_row_scale`: ``G_g / N_g``, the size of row
+    ``i``'s group over the completion tokens of that group in the whole batch), ``k3_bar =
+    mean_i(row_scale_i * sum_t k3_it)``: the official weighting (each image's G completions
+    token-averaged on their own, then averaged over images), for minibatches that mix groups. On a
+    minibatch of exactly one whole group the two are equal."""
     if log_probs.shape != degraded_log_probs.shape or log_probs.shape != completion_mask.shape:
         raise ValueError(
             "log_probs, degraded_log_probs and completion_mask must share one [B, L] shape, got "
@@ -228,8 +236,28 @@ def perception_term(
         )
     mask = completion_mask.to(torch.float32)
     k3 = perception_k3(log_probs, degraded_log_probs, clamp)
-    mean = (k3 * mask).sum() / mask.sum().clamp(min=1.0)
+    if row_scale is None:
+        mean = (k3 * mask).sum() / mask.sum().clamp(min=1.0)
+    else:
+        if row_scale.shape != log_probs.shape[:1]:
+            raise ValueError(
+                f"row_scale must have shape [{log_probs.shape[0]}], got {tuple(row_scale.shape)}"
+            )
+        mean = ((k3 * mask).sum(dim=1) * row_scale.to(k3)).mean()
     return -gamma * mean, mean.detach()
+
+
+def perception_row_scale(token_counts: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``[B]`` ``G_g / N_g`` for each row's group ``g``: ``G_g`` rows holding ``N_g`` completion
+    tokens in all (``token_counts`` ``[B]``: each row's, ``completion_mask.sum(1)``; ``group_ids``
+    ``[B]``; both over the whole batch). The ``row_scale`` of :func:`perception_term` that makes any
+    split of the batch into minibatches average the perception k3 per image, as the official
+    trainer does on one image's completions."""
+    group_ids = group_ids.long().flatten().cpu()
+    size = int(group_ids.max()) + 1 if group_ids.numel() else 0
+    group_tokens = torch.zeros(size).index_add_(0, group_ids, token_counts.float().flatten().cpu())
+    group_rows = torch.zeros(size).index_add_(0, group_ids, torch.ones(len(group_ids)))
+    return (group_rows / group_tokens.clamp(min=1.0))[group_ids]
 
 
 def cosine_annealed(base: float, progress: float, horizon: float) -> float:

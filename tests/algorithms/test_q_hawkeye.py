@@ -15,6 +15,7 @@ from genalign.algorithms import (
     format_reward,
     parse_answer_score,
     perception_k3,
+    perception_row_scale,
     perception_term,
     repetition_penalty,
     score_uncertainty_weights,
@@ -236,6 +237,53 @@ def test_perception_term_is_zero_for_equal_distributions_and_pushes_them_apart()
     term.backward()
     assert bool((log_probs.grad > 0).all())  # descent moves log p_orig down, away from log p_deg
     assert float(perception_k3(torch.zeros(1), torch.full((1,), 30.0), clamp=10.0)) == 10.0
+
+
+def test_the_perception_term_averages_per_image_over_any_minibatch_split():
+    """The official trainer token-averages k3 over one image's G completions (its device batch) and
+    then averages over images. Minibatches that mix images, with completions of different lengths,
+    must give the same total: the token mean of a mixed minibatch weighted long completions' images
+    more (5.5x off in the review's case of 10- and 100-token completions)."""
+    generator = torch.Generator().manual_seed(0)
+    groups, size, length = 3, 4, 12
+    log_probs = -torch.rand(groups * size, length, generator=generator) * 3
+    spread = torch.tensor([1.0, 0.1, 1.0]).repeat_interleave(size)[:, None]  # image 1: near-equal views
+    degraded = log_probs - spread * torch.randn(groups * size, length, generator=generator)
+    lengths = torch.tensor([2, 3, 2, 2, 12, 11, 12, 10, 5, 1, 7, 6])  # image 1's completions are long
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    group_ids = torch.arange(groups).repeat_interleave(size)
+
+    per_image = []
+    for g in range(groups):
+        rows = group_ids == g
+        k3 = [
+            math.exp(d) - d - 1
+            for i in rows.nonzero().flatten().tolist()
+            for d in (degraded[i, : lengths[i]] - log_probs[i, : lengths[i]]).tolist()
+        ]
+        per_image.append(sum(min(v, 10.0) for v in k3) / len(k3))
+    official = sum(per_image) / groups
+
+    scale = perception_row_scale(mask.sum(dim=1), group_ids)
+    assert scale.tolist() == pytest.approx([4 / 9] * 4 + [4 / 45] * 4 + [4 / 19] * 4)
+    _, whole = perception_term(log_probs, degraded, mask, 1.0, row_scale=scale)
+    assert float(whole) == pytest.approx(official, rel=1e-6)
+    # three minibatches of four rows, each mixing the images: their mean is the official number
+    order = torch.tensor([0, 5, 10, 7, 4, 1, 9, 11, 2, 3, 6, 8])
+    parts = [
+        perception_term(log_probs[r], degraded[r], mask[r], 1.0, row_scale=scale[r])[1]
+        for r in order.split(4)
+    ]
+    assert float(sum(parts) / 3) == pytest.approx(official, rel=1e-6)
+    # the token mean over the mixed minibatches is not the official number
+    unscaled = [perception_term(log_probs[r], degraded[r], mask[r], 1.0)[1] for r in order.split(4)]
+    assert abs(float(sum(unscaled) / 3) - official) > 0.2 * official
+    # one whole group: the two means agree
+    rows = group_ids == 1
+    assert float(perception_term(log_probs[rows], degraded[rows], mask[rows], 1.0)[1]) == pytest.approx(
+        float(perception_term(log_probs[rows], degraded[rows], mask[rows], 1.0, row_scale=scale[rows])[1]),
+        rel=1e-6,
+    )
 
 
 def test_perception_term_checks_shapes():

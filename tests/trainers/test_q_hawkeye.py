@@ -18,7 +18,7 @@ from genalign.policies import TokenSettings
 from genalign.rewards import load_reward
 from genalign.toy.quality import TOY_QUESTION
 from genalign.trainers import build_trainer, load_recipe
-from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, QHawkeyeLoss, degraded_trajectory
+from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, ROW_SCALE_KEY, QHawkeyeLoss, degraded_trajectory
 from genalign.trainers.strategies import step_generator
 from genalign.trainers.strategies.svg import draw_indexed_groups
 
@@ -91,6 +91,11 @@ def test_two_steps_with_the_degraded_copy_reaching_the_loss(tmp_path, monkeypatc
         assert not torch.equal(kept, trajectory.model_inputs["pixel_values"])
         degraded_rows += list(kept.cpu())
         original_rows += list(trajectory.model_inputs["pixel_values"].cpu())
+        # each row carries G / (its image's completion tokens), so a mixed minibatch averages per image
+        tokens = trajectory.completion_mask.sum(dim=1).float().cpu()
+        groups = trajectory.group_ids.cpu()
+        expected_scale = [4 / float(tokens[groups == g].sum()) for g in groups.tolist()]
+        assert trajectory.extras[ROW_SCALE_KEY].cpu().tolist() == pytest.approx(expected_scale)
 
     def is_in(rows: torch.Tensor, bank: list[torch.Tensor]) -> bool:
         return all(any(torch.equal(row, other) for other in bank) for row in rows.cpu())

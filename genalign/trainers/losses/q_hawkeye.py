@@ -4,11 +4,15 @@ Xie et al. 2026, "Q-Hawkeye" (arXiv 2601.22920; official ``grpo_trainer.py`` @ 9
 completion token ``t`` of sequence ``i``, with ``rho = exp(log pi_theta - log pi_old)``::
 
     l_it = -A_i rho_it + beta k3(pi_ref || pi_theta)_it                        (main, as trl 0.18)
-    L    = aggregate(l) - gamma(step) * mean_{i,t} k3_perc_it                  (perception)
+    L    = aggregate(l) - gamma(step) * mean_g mean_{i in g, t} k3_perc_it     (perception)
     k3_perc = exp(d) - d - 1,  d = log pi_theta(o_t | degraded image) - log pi_theta(o_t | image)
 
 where the degraded re-scoring is a constant (no gradient) and ``k3_perc`` is clamped to
-[-10, 10] (:func:`genalign.algorithms.q_hawkeye.perception_term`). Subtracting it pushes the
+[-10, 10] (:func:`genalign.algorithms.q_hawkeye.perception_term`), token-averaged within each
+image's group ``g`` of completions and then averaged over images, as the official trainer averages
+per device batch of one image (the strategy stores each row's ``G / N_g`` in
+``trajectory.extras[ROW_SCALE_KEY]``, so minibatches that mix groups weight them alike; without it,
+the token mean of the minibatch). Subtracting it pushes the
 output distributions given the original and the degraded image apart (the paper's "perception
 loss"), so the judge must look at the image. ``gamma`` is ``train.q_hawkeye.perception_gamma``
 (1e-4) cosine-annealed to 0 over ``perception_anneal_steps`` training steps
@@ -35,12 +39,14 @@ from genalign.algorithms import NO_CLIP, cosine_annealed, perception_term
 from genalign.trainers.losses.base import LOSSES
 from genalign.trainers.losses.token_ppo import TokenPPOLoss
 
-__all__ = ["COPY_ROWS_KEY", "DEGRADED_PREFIX", "QHawkeyeLoss", "degraded_trajectory"]
+__all__ = ["COPY_ROWS_KEY", "DEGRADED_PREFIX", "ROW_SCALE_KEY", "QHawkeyeLoss", "degraded_trajectory"]
 
 DEGRADED_PREFIX = "degraded:"  # extras key prefix of the degraded image's model inputs
 # extras key of a bool [B]: the rows that are degraded copies (``train.q_hawkeye.copy_weight``),
 # shown the degraded image already, so their perception term is 0 and their re-scoring is skipped
 COPY_ROWS_KEY = "q_hawkeye:copy_rows"
+# extras key of a float [B]: G_g / N_g of each row's group (perception_row_scale over the whole batch)
+ROW_SCALE_KEY = "q_hawkeye:perception_row_scale"
 
 
 def degraded_trajectory(trajectory: Any) -> Any:
@@ -66,7 +72,7 @@ class QHawkeyeLoss(TokenPPOLoss):
     (module docstring). Options: ``train.q_hawkeye`` (``perception_gamma``,
     ``perception_anneal_steps``, ``perception_clamp``, ``ratio_clip``), ``train.token_ppo``
     (aggregation; the clip range when ``ratio_clip``) and ``train.kl_coef``. Metrics: the
-    ``token_ppo`` ones, ``perception_k3`` (token mean) and ``perception_gamma``."""
+    ``token_ppo`` ones, ``perception_k3`` (the mean the term weights) and ``perception_gamma``."""
 
     def __init__(self, config: Any) -> None:  # the recipe's TrainConfig
         super().__init__(config)
@@ -98,6 +104,7 @@ class QHawkeyeLoss(TokenPPOLoss):
                 trajectory.completion_mask.to(log_probs.device),
                 gamma,
                 options.perception_clamp,
+                trajectory.extras.get(ROW_SCALE_KEY),
             )
             loss = loss + term
             metrics["perception_k3"] = k3

@@ -48,11 +48,12 @@ from genalign.algorithms import (
     copy_below_original_rewards,
     group_reward_statistics,
     parse_answer_score,
+    perception_row_scale,
     score_uncertainty_weights,
     thurstone_fidelity_rewards,
     uncertainty_aware_advantages,
 )
-from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, DEGRADED_PREFIX
+from genalign.trainers.losses.q_hawkeye import COPY_ROWS_KEY, DEGRADED_PREFIX, ROW_SCALE_KEY
 from genalign.trainers.prompt_pool import PromptPool
 from genalign.trainers.strategies.base import (
     STRATEGIES,
@@ -179,6 +180,10 @@ class QHawkeyeStrategy(GroupRolloutStrategy):
         trajectory.extras.update(self.degraded_inputs(context, trajectory, metadata["degraded_images"]))
         if copies:  # the loss skips their re-scoring
             trajectory.extras[COPY_ROWS_KEY] = rows >= originals
+        # the perception term's per-image token mean, whatever rows a minibatch holds
+        lengths = context.gather(trajectory.completion_mask.sum(dim=1).float().to(context.device)).cpu()
+        scale = perception_row_scale(lengths, group_ids)
+        trajectory.extras[ROW_SCALE_KEY] = scale[rows].to(trajectory.completion_mask.device)
         mos = torch.as_tensor(metadata["mos"], dtype=torch.float32)
         if copies:
             mos = torch.where(rows >= originals, torch.full_like(mos, float("nan")), mos)
