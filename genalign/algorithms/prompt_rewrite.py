@@ -47,12 +47,18 @@ def extract_answer(completion: str, original: str, fallback: Fallback = "origina
     The refined prompt is the stripped text inside the last ``<answer>...</answer>`` (possibly
     empty: an empty answer is drawn as the empty prompt, as UniRL does). Without a closed tag it
     is ``original`` (``fallback="original"``) or the whole stripped completion (``"completion"``,
-    UniRL's choice).
+    UniRL's choice). Stray ``<answer>`` / ``</answer>`` tags left in the text taken from the
+    completion (a nested opening tag, an unclosed one) are removed, as UniRL's
+    ``extract_thinking_content`` does.
     """
     matches = ANSWER_PATTERN.findall(completion)
     if matches:
-        return matches[-1].strip(), True
-    return (original if fallback == "original" else completion.strip()), False
+        return _without_tags(matches[-1].strip()), True
+    return (original if fallback == "original" else _without_tags(completion.strip())), False
+
+
+def _without_tags(text: str) -> str:
+    return text.replace("<answer>", "").replace("</answer>", "")
 
 
 def refine_prompts(

@@ -27,6 +27,20 @@ def test_no_tag_falls_back_to_the_original_or_the_completion():
     assert extract_answer("  just text ", "orig", fallback="completion") == ("just text", False)
 
 
+def test_stray_answer_tags_are_removed_as_unirl_does():
+    """UniRL's extract_thinking_content strips leftover tags from the answer and the fallback."""
+    assert extract_answer("<answer>draft <answer>a red circle</answer>", "orig") == (
+        "draft a red circle",
+        True,
+    )
+    unclosed = "Sure. <answer>a red circle on the left"
+    assert extract_answer(unclosed, "orig", fallback="completion") == (
+        "Sure. a red circle on the left",
+        False,
+    )
+    assert extract_answer(unclosed, "orig") == ("orig", False)  # the original is never edited
+
+
 def test_an_empty_answer_is_an_empty_prompt_with_format_reward_one():
     assert extract_answer("<answer></answer>", "orig") == ("", True)
     prompts, scores = refine_prompts(["<answer></answer>", "nothing", "<answer>x</answer>"], ["a", "b", "c"])
