@@ -78,9 +78,19 @@ class FlowPolicy(DiffusionPolicy):
         )
 
     def make_scheduler(self, scheduler: Any) -> Any:
+        """The flow-Euler scheduler of ``scheduler``'s noise grid. A multistep solver in flow mode
+        (SANA's diffusers checkpoints ship ``DPMSolverMultistepScheduler`` with ``use_flow_sigmas``
+        and ``flow_shift`` 3) keeps its shift as ``shift``; ``from_config`` would drop the key it does
+        not know and sample, train and time-condition on the unshifted grid."""
         from diffusers import FlowMatchEulerDiscreteScheduler
 
-        return FlowMatchEulerDiscreteScheduler.from_config(scheduler.config)
+        config = scheduler.config
+        if config.get("use_flow_sigmas") and "flow_shift" in config:
+            return FlowMatchEulerDiscreteScheduler(
+                num_train_timesteps=int(config.get("num_train_timesteps", 1000)),
+                shift=float(config["flow_shift"]),
+            )
+        return FlowMatchEulerDiscreteScheduler.from_config(config)
 
     def default_size(self) -> tuple[int, int]:
         size = self.pipeline.transformer.config.sample_size * self.pipeline.vae_scale_factor

@@ -169,6 +169,23 @@ def test_flow_policy_dispatches_on_the_pipeline_class():
         FlowPolicy.from_pipe(diffusion.sd_pipeline(seed=0), train=False)
 
 
+def test_a_flow_mode_multistep_scheduler_keeps_its_shift():
+    """SANA's diffusers checkpoints ship DPM-Solver in flow mode with ``flow_shift`` 3; rebuilt with
+    ``FlowMatchEulerDiscreteScheduler.from_config`` the key was dropped and every noise level was
+    the unshifted grid's (step 8 of 10 trained at sigma 0.112 instead of 0.278)."""
+    from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
+
+    pipe = diffusion.sana_pipeline(seed=0)
+    pipe.scheduler = DPMSolverMultistepScheduler(
+        flow_shift=3.0, use_flow_sigmas=True, prediction_type="flow_prediction"
+    )
+    policy = FlowPolicy.from_pipe(pipe, train=False)
+    policy.set_timesteps(10, None)
+    expected = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    expected.set_timesteps(10)
+    torch.testing.assert_close(policy.scheduler.sigmas.cpu(), expected.sigmas, atol=1e-6, rtol=0)
+
+
 def test_load_policy_from_a_saved_folder(tmp_path):
     diffusion.sd_pipeline(seed=0, save_to=tmp_path / "sd")
     policy = load_policy("sd", tmp_path / "sd", train=False)
