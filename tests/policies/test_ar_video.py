@@ -311,3 +311,26 @@ def test_a_framewise_streaming_window_equals_the_full_forward(framewise):
         full = framewise.predict_video_x0(latents, timesteps, conditioning)
         window = framewise.predict_window_x0(latents, timesteps, conditioning, window_start=3)
     torch.testing.assert_close(window, full[:, :, 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_loading_the_toy_generator_prints_no_warning_a_user_cannot_act_on():
+    """toy-ar-video conditions on toy-clip's CLIP text tower where the SkyReels pipeline names UMT5;
+    diffusers' type warning about it is dropped while loading, and only then."""
+    import logging
+    from pathlib import Path
+
+    from genalign.policies.ar_video import _DropMessage
+
+    folder = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-ar-video"
+    pipeline_logger = logging.getLogger("diffusers.pipelines.pipeline_utils")
+    seen: list[str] = []
+    recorder = logging.Handler()
+    recorder.emit = lambda record: seen.append(record.getMessage())
+    pipeline_logger.addHandler(recorder)
+    try:
+        policy = load_policy("ar_video", folder, train=False)
+    finally:
+        pipeline_logger.removeHandler(recorder)
+    assert policy.block_size == 2
+    assert not [m for m in seen if m.startswith("Expected types")]
+    assert not [f for f in pipeline_logger.filters if isinstance(f, _DropMessage)]  # only while loading
