@@ -37,7 +37,12 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     config = load_recipe(args.recipe, [*overrides, *args.overrides])
     torch.manual_seed(seed)
     trainer = build_trainer(config, base_dir=Path(args.recipe).parent)
-    evaluate = {"split": "rl_heldout", "num_per_prompt": args.eval_per_prompt, "keep_per_video": True}
+    evaluate = {  # the recipe's own rollout: its steps per block
+        "split": "rl_heldout",
+        "num_per_prompt": args.eval_per_prompt,
+        "keep_per_video": True,
+        "steps": int(config.sampling.num_inference_steps),
+    }
     before = evaluate_video_generator(trainer.policy, **evaluate)
     start = time.perf_counter()
     history = trainer.train()
