@@ -37,6 +37,7 @@ __all__ = [
     "astrolabe_advantages",
     "astrolabe_loss",
     "astrolabe_old_policy_decay",
+    "chunked_masked_mean",
     "draw_window_start",
     "flow_forward_noise",
     "frame_timesteps",
@@ -119,15 +120,27 @@ def window_pixel_frames(start: int, stop: int, temporal_factor: int) -> tuple[in
 
 
 def frame_timesteps(
-    timestep: int, batch_size: int, num_frames: int, device: torch.device | str | None = None
+    timestep: int | Sequence[int] | torch.Tensor,
+    batch_size: int,
+    num_frames: int,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The model's per-frame timesteps ``[B, F]`` (long), every entry ``timestep`` (the official
-    ``torch.ones([B, F], dtype=long) * current_t``: one noise level for the whole video)."""
-    return torch.full((batch_size, num_frames), int(timestep), dtype=torch.long, device=device)
+    """The model's per-frame timesteps ``[B, F]`` (long), every frame of a sample at one level (the
+    official ``torch.ones([B, F], dtype=long) * current_t``): ``timestep`` one level for the whole
+    batch, or ``[B]`` levels, one a sample."""
+    if isinstance(timestep, int):
+        return torch.full((batch_size, num_frames), int(timestep), dtype=torch.long, device=device)
+    per_sample = torch.as_tensor(timestep, dtype=torch.long, device=device).reshape(-1)
+    if per_sample.shape[0] != batch_size:
+        raise ValueError(f"{per_sample.shape[0]} levels for {batch_size} samples")
+    return per_sample[:, None].expand(batch_size, num_frames).contiguous()
 
 
 def flow_forward_noise(x0: torch.Tensor, noise: torch.Tensor, t: float | torch.Tensor) -> torch.Tensor:
-    """Rectified-flow forward process ``x_t = (1 - t) x0 + t eps`` (``[B, ...]``), one t for all."""
+    """Rectified-flow forward process ``x_t = (1 - t) x0 + t eps`` (``[B, ...]``): ``t`` one time for
+    all, or a ``[B]`` tensor of times, one a sample."""
+    if torch.is_tensor(t) and t.ndim == 1:
+        t = t.to(device=x0.device, dtype=x0.dtype).reshape(-1, *([1] * (x0.ndim - 1)))
     return (1 - t) * x0 + t * noise
 
 
@@ -147,6 +160,31 @@ def masked_sample_mean(per_sample: torch.Tensor, mask: torch.Tensor | None = Non
     return per_sample[mask].mean()
 
 
+def chunked_masked_mean(
+    per_sample: torch.Tensor, mask: torch.Tensor | None = None, chunk_size: int | None = None
+) -> torch.Tensor:
+    """The mean over consecutive chunks of ``chunk_size`` samples of each chunk's
+    :func:`masked_sample_mean` (a last, shorter chunk counts as one chunk); ``None``: one chunk.
+
+    The official trainer takes the selective KL's masked mean within each GPU's minibatch of
+    ``train.batch_size`` (3) samples and DDP then averages the GPUs, so a chunk whose mask selects
+    nothing adds 0 to the average. Without a mask and with equal chunks this is the plain mean.
+    """
+    if chunk_size is None or chunk_size >= per_sample.shape[0]:
+        return masked_sample_mean(per_sample, mask)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if mask is not None:
+        mask = mask.to(device=per_sample.device, dtype=torch.bool).reshape(-1)
+        if mask.shape[0] != per_sample.shape[0]:
+            raise ValueError(f"mask has {mask.shape[0]} entries for {per_sample.shape[0]} samples")
+    chunks = [
+        masked_sample_mean(per_sample[i : i + chunk_size], None if mask is None else mask[i : i + chunk_size])
+        for i in range(0, per_sample.shape[0], chunk_size)
+    ]
+    return torch.stack(chunks).mean()
+
+
 def astrolabe_loss(
     x0_theta: torch.Tensor,
     x0_old: torch.Tensor,
@@ -158,6 +196,7 @@ def astrolabe_loss(
     kl_weight: float = 1e-4,
     advantage_clip: float = 5.0,
     kl_mask: torch.Tensor | None = None,
+    kl_chunk_size: int | None = None,
     adaptive_weighting: bool = False,
     clip_over_beta: bool = False,
     weight_min: float = 1e-5,
@@ -168,7 +207,9 @@ def astrolabe_loss(
     output: per sample ``r mean|x0+ - x0|^2 + (1 - r) mean|x0- - x0|^2`` over every non-batch
     dimension, then the batch mean. The KL term is ``mean|x0_theta - x0_ref|^2`` per sample,
     averaged over the batch, or over the samples ``kl_mask`` selects (:mod:`.selective_kl`;
-    0 when it selects none), times ``kl_weight`` (lambda).
+    0 when it selects none), times ``kl_weight`` (lambda). With ``kl_chunk_size`` the masked mean
+    is taken within consecutive chunks of that many samples and then averaged over the chunks
+    (:func:`chunked_masked_mean`: the official per-GPU minibatch).
 
     Args:
         x0_theta: ``[B, ...]`` x0 prediction of the trained policy at x_t (with gradients); for
@@ -181,6 +222,7 @@ def astrolabe_loss(
         beta: NFT's mixing strength (0.1 in every Astrolabe config).
         kl_weight: lambda (the official ``train.beta``), 1e-4 or 1e-3.
         kl_mask: ``[B]`` bool, the samples the KL applies to; ``None`` applies it to all.
+        kl_chunk_size: the chunk of samples the (masked) KL mean is taken within; ``None``: all.
         adaptive_weighting / clip_over_beta / weight_min: DiffusionNFT's options (off by default,
             as Astrolabe); both on gives :func:`.nft.nft_loss_in_x0` exactly.
 
@@ -206,7 +248,7 @@ def astrolabe_loss(
     dims = tuple(range(1, x0.ndim))
     x0_ref = x0_ref.detach()
     kl_per_sample = ((x0_theta - x0_ref) ** 2).mean(dims)  # [B]
-    kl_loss = masked_sample_mean(kl_per_sample, kl_mask)
+    kl_loss = chunked_masked_mean(kl_per_sample, kl_mask, kl_chunk_size)
     loss = policy_loss + kl_weight * kl_loss
     info.update(
         {

@@ -169,7 +169,11 @@ class AstrolabeConfig:
     ``adaptive_weighting`` / ``clip_over_beta``: DiffusionNFT's per-sample weighting and c/beta
     factor (off, as Astrolabe). Old policy: rollouts from it (``rollout_policy: old``), moved after
     each step by ``theta_old <- eta theta_old + (1 - eta) theta``, ``eta = min(ema_rate * i, ema_max)``
-    after i optimiser steps. ``window_frames`` (streaming windows, the paper's; not in the
+    after i optimiser steps. ``device_batch_size`` (the official per-GPU ``train.batch_size``, 3 in
+    the released configs): a loss call's rows are cut in order into chunks of this many, each with
+    its own noise level and its own (masked) KL mean, the KL term their mean over chunks, as the
+    official GPUs each draw a level and DDP averages them; None: one level and one mean a call.
+    ``window_frames`` (streaming windows, the paper's; not in the
     released script): train only a window of this many latent frames (a multiple of the block
     size), its start drawn per loss call among the block starts, the frames before it a detached
     history (:meth:`genalign.policies.ARVideoPolicy.predict_window_x0`); None: the whole video.
@@ -192,6 +196,7 @@ class AstrolabeConfig:
     window_frames: int | None = None
     window_per_step: bool = False
     timesteps: list[int] = field(default_factory=lambda: [1000, 750, 500, 250])
+    device_batch_size: int | None = None
     beta: float = 0.1
     kl_weight: float = 1e-4
     advantage_clip: float = 5.0
@@ -211,6 +216,8 @@ class AstrolabeConfig:
             _positive("astrolabe", self, "num_latent_frames")
         if self.window_frames is not None:
             _positive("astrolabe", self, "window_frames")
+        if self.device_batch_size is not None:
+            _positive("astrolabe", self, "device_batch_size")
         if self.window_per_step and self.window_frames is None:
             raise ConfigError(
                 "train.astrolabe.window_per_step draws one streaming window per step: it needs train.astrolabe.window_frames"

@@ -14,6 +14,7 @@ from genalign.algorithms import (
     astrolabe_advantages,
     astrolabe_loss,
     astrolabe_old_policy_decay,
+    chunked_masked_mean,
     flow_forward_noise,
     frame_timesteps,
     masked_sample_mean,
@@ -126,6 +127,43 @@ def test_an_empty_selection_gives_zero_kl_inside_the_graph():
     assert masked_sample_mean(
         torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([False, False])
     ).grad_fn
+
+
+def test_the_kl_mean_per_device_batch_as_the_official_gpus_average_it():
+    # the official: masked mean within each GPU's 3 samples (0 where none is selected), DDP
+    # averages the GPUs. 24 rows, one selected: its KL / 8, not the KL itself
+    kl = torch.arange(1.0, 25.0, dtype=torch.float64)
+    one = torch.zeros(24, dtype=torch.bool)
+    one[13] = True
+    assert chunked_masked_mean(kl, one, 3).item() == pytest.approx(14.0 / 8)
+    assert chunked_masked_mean(kl, one).item() == 14.0
+    # by hand: chunks {1,2,3} {4,5,6} {7} with the mask T F T | F F F | T
+    mask = torch.tensor([True, False, True, False, False, False, True])
+    assert chunked_masked_mean(kl[:7], mask, 3).item() == pytest.approx((2.0 + 0.0 + 7.0) / 3)
+    # no mask, equal chunks: the plain mean
+    assert chunked_masked_mean(kl, None, 4).item() == pytest.approx(kl.mean().item())
+    # through the loss: the KL term reported and added is the chunked one
+    x0_theta, x0_old, x0_ref, x0 = _video(2, batch=6)
+    advantages = torch.zeros(6, dtype=torch.float64)
+    mask = torch.tensor([True, True, False, False, False, True])
+    loss, info = astrolabe_loss(
+        x0_theta, x0_old, x0_ref, x0, advantages, kl_weight=0.5, kl_mask=mask, kl_chunk_size=2
+    )
+    no_kl, _ = astrolabe_loss(x0_theta, x0_old, x0_ref, x0, advantages, kl_weight=0.0)
+    per = ((x0_theta - x0_ref) ** 2).mean(dim=(1, 2, 3, 4))
+    expected = ((per[0] + per[1]) / 2 + 0.0 + per[5]) / 3
+    assert info["astrolabe_kl_loss"].item() == pytest.approx(expected.item(), rel=1e-12)
+    assert loss.item() == pytest.approx(no_kl.item() + 0.5 * expected.item(), rel=1e-12)
+
+
+def test_levels_one_a_sample_broadcast_over_frames_and_dims():
+    levels = frame_timesteps(torch.tensor([1000, 250]), batch_size=2, num_frames=3)
+    assert levels.tolist() == [[1000] * 3, [250] * 3] and levels.dtype == torch.long
+    with pytest.raises(ValueError, match="3 levels for 2 samples"):
+        frame_timesteps([1000, 750, 500], batch_size=2, num_frames=3)
+    x0, eps = torch.ones(2, 1, 3, 2, 2), torch.zeros(2, 1, 3, 2, 2)
+    x_t = flow_forward_noise(x0, eps, torch.tensor([1.0, 0.25]))
+    assert x_t[0].unique().tolist() == [0.0] and x_t[1].unique().tolist() == [0.75]
 
 
 def test_gradient_reaches_only_the_trained_prediction():

@@ -93,6 +93,55 @@ def test_one_level_per_call_for_every_frame_keyed_by_step_and_call(video_policy,
     assert set(draws) <= {1000, 750, 500, 250} and len(set(draws)) > 1
 
 
+def test_one_level_per_device_batch_of_rows(video_policy, tmp_path, monkeypatch):
+    # train.astrolabe.device_batch_size: each chunk of rows its own level (the official draws one
+    # per GPU minibatch), every frame of a row at its chunk's level, the loss as computed by hand
+    policy = video_policy
+    trajectory = policy.rollout(["a red circle"], group_size=4, generator=3, num_frames=2, **SIZE)
+    loss = _loss(tmp_path, ["train.astrolabe.device_batch_size=1", "train.astrolabe.kl_weight=0"])
+    seen = []
+    predict = type(policy).predict_video_x0
+    monkeypatch.setattr(
+        type(policy),
+        "predict_video_x0",
+        lambda self, x, levels, c: seen.append(levels) or predict(self, x, levels, c),
+    )
+    advantages = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    rows = set()
+    for call in range(4):
+        loss.begin_step(5)
+        loss.calls = call
+        drawn, _ = loss._draws(2, 2, 4)
+        assert len(drawn) == 4 and drawn[0] == loss.draw_level()
+        value, _ = loss(policy, trajectory, torch.zeros(4, dtype=torch.long), advantages)
+        levels = seen[-1]
+        assert levels.tolist() == [[level] * 2 for level, _ in drawn]
+        rows.add(tuple(level for level, _ in drawn))
+        t = torch.tensor([t for _, t in drawn]).reshape(4, 1, 1, 1, 1)
+        x0 = trajectory.latents[:, -1]
+        eps = seeded_noise(trajectory.seeds, torch.full((4,), call), x0.shape[1:], step=5)
+        x_t = (1 - t) * x0 + t * eps
+        with torch.no_grad(), loss.old_policy(policy):
+            x0_old = x_t - t * policy.transformer_output(x_t, levels.float(), trajectory.conditioning)
+        x0_theta = x_t - t * policy.transformer_output(x_t, levels.float(), trajectory.conditioning)
+        per_sample, _ = nft_loss_in_x0(
+            x0_theta,
+            x0_old,
+            x0,
+            x0_theta,
+            x0_old,
+            x0,
+            advantages,
+            beta=0.1,
+            adaptive_weighting=False,
+            clip_over_beta=False,
+        )
+        torch.testing.assert_close(value, per_sample.mean())
+    assert any(len(set(levels)) > 1 for levels in rows)  # rows of one call at different levels
+    with pytest.raises(ConfigError, match="train.astrolabe.device_batch_size must be positive"):
+        _loss(tmp_path, ["train.astrolabe.device_batch_size=0"])
+
+
 def test_recipe_checks_name_the_key(tmp_path):
     run = f"logging.run_dir={tmp_path}/run"
     with pytest.raises(ConfigError, match="train.method 'astrolabe' is for the 'ar_video' family"):
@@ -144,7 +193,8 @@ def test_a_streaming_window_trains_the_window_against_a_detached_history(video_p
     for call in range(6):
         windowed.begin_step(0)
         windowed.calls = call
-        (timestep, t), start = windowed._draws(6, 2)
+        levels, start = windowed._draws(6, 2, 2)
+        (timestep, t) = levels[0]
         value, metrics = windowed(policy, trajectory, torch.zeros(2, dtype=torch.long), advantages)
         assert float(metrics["astrolabe_window_start"]) == start
         starts.add(start)

@@ -59,6 +59,7 @@ def test_the_recipes_hold_the_released_settings(recipe):
         train.prompts_per_step * train.group_size == train.minibatch_size * train.gradient_accumulation_steps
     )
     assert (options.beta, options.kl_weight, list(options.timesteps)) == (0.1, 1e-4, [1000, 750, 500, 250])
+    assert train.minibatch_size == 8 * options.device_batch_size == 24  # 3 videos on each of 8 GPUs
     assert (config.sampling.num_inference_steps, config.sampling.guidance_scale) == (4, 1.0)
     if recipe == GARDO:  # HPSv3 per frame + VideoAlign-MQ on grayscale, weight 1 each, summed
         hps, mq = config.reward.kwargs["members"]

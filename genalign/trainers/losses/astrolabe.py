@@ -5,7 +5,9 @@ loss for the ``ar_video`` family, as the official trainer (``franklinz233/Astrol
 ``scripts/train_nft_wan.py``) runs it per minibatch:
 
 1. one noise level ``timestep`` from ``train.astrolabe.timesteps`` (1000/750/500/250, unwarped),
-   the same for every frame of every sample: ``t = timestep / 1000``;
+   the same for every frame of every sample: ``t = timestep / 1000``; with
+   ``train.astrolabe.device_batch_size`` one level per chunk of that many rows instead (the
+   official per-GPU minibatch), and the selective KL's masked mean taken per chunk;
 2. ``x_t = (1 - t) x0 + t eps`` on the rollouts' clean latent videos x0 ``[B, C, F, h, w]``;
 3. the x0 predictions ``x0 = x_t - t v`` of the trained, the old (EMA) and the reference model
    (adapters disabled) at x_t, one block-causal forward over the whole video each (every frame
@@ -130,25 +132,38 @@ class AstrolabeLoss(NFTLoss):
         return astrolabe_old_policy_decay(optimizer_steps, self.options.ema_rate, self.options.ema_max)
 
     def draw_level(self) -> tuple[int, float]:
-        """This call's ``(timestep, t)``, keyed by (seed, step, call index)."""
-        return self._draws(1, 1)[0]
+        """This call's ``(timestep, t)`` (its first chunk's), keyed by (seed, step, call index)."""
+        return self._draws(1, 1, 1)[0][0]
 
-    def _draws(self, num_frames: int, block_size: int) -> tuple[tuple[int, float], int]:
-        """This call's level and window start (0 without ``window_frames``; uniform over the
-        block starts that fit, :func:`~genalign.algorithms.astrolabe.draw_window_start`), from one
-        generator."""
+    def _draws(self, num_frames: int, block_size: int, batch: int) -> tuple[list[tuple[int, float]], int]:
+        """This call's levels, one a chunk of ``device_batch_size`` rows (one for the call without
+        it), and its window start (0 without ``window_frames``; uniform over the block starts that
+        fit, :func:`~genalign.algorithms.astrolabe.draw_window_start`), from one generator: the
+        first level, the window, then the other chunks' levels."""
         generator = step_generator(self.config.seed, self.current_step, self.calls)
-        level = sample_noise_level(generator, [int(t) for t in self.options.timesteps])
-        window = self.options.window_frames
-        if window is None or window >= num_frames:
-            return level, 0
-        return level, draw_window_start(generator, num_frames, window, block_size)
+        timesteps = [int(t) for t in self.options.timesteps]
+        levels = [sample_noise_level(generator, timesteps)]
+        window, start = self.options.window_frames, 0
+        if window is not None and window < num_frames:
+            start = draw_window_start(generator, num_frames, window, block_size)
+        chunk = self.options.device_batch_size
+        if chunk is not None:
+            levels += [sample_noise_level(generator, timesteps) for _ in range(1, -(-batch // chunk))]
+        return levels, start
 
-    def _window(self, policy, trajectory, num_frames: int) -> tuple[tuple[int, float], int, int]:
-        """This call's level and the frames ``[start, stop)`` it trains: the whole video, a window
+    def _row_levels(self, levels: list[tuple[int, float]], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``(timestep, t)`` as ``[B]`` tensors: its chunk's level."""
+        chunk = self.options.device_batch_size or batch
+        rows = [levels[i // chunk] for i in range(batch)]
+        return torch.tensor([r[0] for r in rows], dtype=torch.long), torch.tensor([r[1] for r in rows])
+
+    def _window(
+        self, policy, trajectory, num_frames: int, batch: int
+    ) -> tuple[list[tuple[int, float]], int, int]:
+        """This call's levels and the frames ``[start, stop)`` it trains: the whole video, a window
         drawn for this call, or under ``window_per_step`` the step's window (the rollout's end)."""
         options = self.options
-        level, start = self._draws(num_frames, policy.block_size)
+        level, start = self._draws(num_frames, policy.block_size, batch)
         if options.window_frames is None:
             return level, 0, num_frames
         if options.window_per_step:
@@ -179,11 +194,12 @@ class AstrolabeLoss(NFTLoss):
         options = self.options
         x0 = trajectory.latents[:, -1].float()  # (B, C, F, h, w) clean latent videos
         batch, num_frames = x0.shape[0], x0.shape[2]
-        (timestep, t), start, stop = self._window(policy, trajectory, num_frames)
+        drawn, start, stop = self._window(policy, trajectory, num_frames, batch)
+        timestep, t = self._row_levels(drawn, batch)  # (B,) each: the row's chunk's level
         call = torch.full((batch,), self.calls, dtype=torch.long)
         self.calls += 1
         eps = seeded_noise(trajectory.seeds, call, x0.shape[1:], step=self.current_step).to(x0.device)
-        x_t = flow_forward_noise(x0, eps, t)
+        x_t = flow_forward_noise(x0, eps, t.to(x0.device))
         levels = frame_timesteps(timestep, batch, num_frames, device=x0.device)  # (B, F)
         conditioning = trajectory.conditioning
         with torch.no_grad(), self.old_policy(policy):
@@ -214,12 +230,13 @@ class AstrolabeLoss(NFTLoss):
             adaptive_weighting=options.adaptive_weighting,
             clip_over_beta=options.clip_over_beta,
             kl_mask=kl_mask,
+            kl_chunk_size=options.device_batch_size,
         )
         if self.selective is not None:
             self.selective.observe(info["astrolabe_kl_loss"])
         metrics = {
             "policy_loss": info["astrolabe_policy_loss"],
-            "astrolabe_timestep": torch.tensor(float(timestep)),
+            "astrolabe_timestep": timestep.float().mean(),
             "astrolabe_window_start": torch.tensor(float(start)),
         }
         metrics.update({key: value for key, value in info.items() if torch.is_tensor(value)})
