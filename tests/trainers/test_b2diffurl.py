@@ -375,6 +375,18 @@ def test_recipes_load(recipe):
         assert (b2.split_step_start, b2.split_step_end, b2.branches) == (14, 20, 5)
         assert (b2.pos_threshold, b2.neg_threshold) == (0.5, -0.5)
         assert config.reward.name == "clip"
+        # the official template1 split: 45 training prompts, 15 animals per activity, none of the
+        # 90 held-out pairs (template1_test.json) among them
+        train = config.prompts.load(recipe.parent)
+        test = [
+            line
+            for line in (recipe.parent / "b2diffurl_test_prompts.txt").read_text().splitlines()
+            if line and not line.startswith("#")
+        ]
+        assert (len(train), len(set(train)), len(test), set(train) & set(test)) == (45, 45, 90, set())
+        for activity in ("washing dishes", "riding a bike", "playing chess"):
+            assert sum(prompt.endswith(activity) for prompt in train) == 15
+            assert sum(prompt.endswith(activity) for prompt in test) == 30
 
 
 def test_tiny_recipe_runs_two_steps_through_the_cli(tmp_path, capsys):
