@@ -68,8 +68,10 @@ def select_timesteps_per_sample(
     timestep_fraction: float,
     generator: torch.Generator | None = None,
     order: TimestepOrder = "random",
+    num_kept: int | None = None,
 ) -> torch.Tensor:
-    """The steps each sample trains on, one row per sample, ``k = int(num_steps * fraction)``.
+    """The steps each sample trains on, one row per sample, ``k = int(num_steps * fraction)``
+    (``num_kept``: k given instead, at most ``num_steps``).
 
     * ``order="random"`` (DDPO, ddpo-pytorch's per-sample ``torch.randperm``): row ``i`` holds the
       first ``k`` entries of a uniform random permutation of ``range(num_steps)``, in that permuted
@@ -86,6 +88,10 @@ def select_timesteps_per_sample(
     if batch_size < 0:
         raise ValueError(f"batch_size must be non-negative, got {batch_size}")
     k = num_selected_timesteps(num_steps, timestep_fraction)
+    if num_kept is not None:
+        if not 1 <= num_kept <= num_steps:
+            raise ValueError(f"num_kept must lie in [1, {num_steps}], got {num_kept}")
+        k = num_kept
     if order == "first":
         return torch.arange(k).expand(batch_size, k).clone()  # [B, k]
     if order != "random":

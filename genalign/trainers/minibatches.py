@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from genalign.algorithms import select_timesteps_per_sample
+from genalign.algorithms import num_selected_timesteps, select_timesteps_per_sample
 from genalign.trainers.strategies.base import step_generator
 
 __all__ = [
@@ -165,6 +165,7 @@ def epoch_passes(
     kept: torch.Tensor,
     sharded_over: int = 0,
     group_ids: torch.Tensor | None = None,
+    num_window_steps: int | None = None,
 ) -> Iterator[MinibatchPass]:
     """This process's passes of inner epoch ``epoch`` of training step ``step``.
 
@@ -179,6 +180,11 @@ def epoch_passes(
         group_ids: ``[B_global]`` prompt group of each sample (None: the strategy has none), read
             under ``train.group_noise``: the permutation keeps each group together and its samples
             share their step indices (:func:`group_permutation`).
+        num_window_steps: n, the grid steps within the windows; each sample trains
+            ``min(int(n * timestep_fraction), T')`` of the trainable steps (None: n = T'), so a
+            trajectory whose last step is deterministic (Flow-GRPO's CPS, DDIM with
+            ``set_alpha_to_one``) trains as many steps as DDPO's and Flow-GRPO's
+            ``int(num_steps * timestep_fraction)``.
     """
     generator = step_generator(train.seed, step, epoch)
     if train.group_noise:
@@ -189,8 +195,12 @@ def epoch_passes(
     else:
         permutation = torch.randperm(global_size, generator=generator)
         rows_of, draws = torch.arange(global_size), global_size  # each sample draws its own steps
+    trainable = trainable_steps.numel()
+    kept_steps = min(
+        trainable, num_selected_timesteps(num_window_steps or trainable, train.timestep_fraction)
+    )
     chosen = select_timesteps_per_sample(
-        draws, trainable_steps.numel(), train.timestep_fraction, generator, train.timestep_order
+        draws, trainable, train.timestep_fraction, generator, train.timestep_order, num_kept=kept_steps
     )[rows_of]
     step_indices = trainable_steps[chosen]  # (B_global, K) actual step indices
     minibatches = epoch_minibatches(

@@ -74,8 +74,9 @@ class TrainConfig:
 
     **Which denoising steps are trained** (``_check_steps``)
 
-    * ``timestep_fraction``: ``k = int(T * timestep_fraction)`` (at least 1) of the T stochastic
-      steps, floored as DDPO and Flow-GRPO do.
+    * ``timestep_fraction``: ``k = int(T * timestep_fraction)`` (at least 1) with T the grid steps
+      (within a loss's or strategy's window), floored as DDPO and Flow-GRPO do; k of the
+      stochastic ones among them are trained (all of them if fewer).
     * ``timestep_order``: "random" trains a random subset per sample (DDPO), "first" the first k
       in sampling order for every sample (Flow-GRPO).
     * ``fuse_timesteps``: run a minibatch's k trained steps as one loss call on k x its samples

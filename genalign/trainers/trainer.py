@@ -245,7 +245,7 @@ class Trainer:
         update_start = time.perf_counter()
         metrics.update(self.loss.prepare_update(self, batch))  # e.g. Astrolabe's selective-KL mask
         rates = self.lr_scheduler.get_last_lr()  # what the step's (first) optimizer step uses
-        metrics.update(self.update(step, batch, trainable_steps))
+        metrics.update(self.update(step, batch, trainable_steps, self._window_steps(batch).numel()))
         metrics.update(self.loss.end_step(self, step))  # e.g. DiffusionNFT's old-policy soft update
         metrics["time_update"] = time.perf_counter() - update_start
         metrics["lr"] = rates[0]
@@ -270,29 +270,42 @@ class Trainer:
         self._last_outputs = batch.trajectory.outputs
         return batch
 
+    def _window_steps(self, batch: RolloutBatch) -> torch.Tensor:
+        """LongTensor of the grid steps within the loss's and the strategy's windows (every step
+        without one): ``timestep_fraction`` keeps ``int(n * fraction)`` of these n, as DDPO and
+        Flow-GRPO take it of the sampling steps, not of the stochastic ones among them."""
+        steps = torch.arange(batch.trajectory.num_steps)
+        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
+        for window in (self.loss.train_steps(batch.trajectory.num_steps), batch.train_steps):
+            if window is not None:
+                steps = steps[torch.isin(steps, window.to(steps.device))]
+        return steps
+
     def _trainable_steps(self, batch: RolloutBatch) -> torch.Tensor:
         """LongTensor of the step indices the update may train on: the stochastic ones (every one
         for a forward-process loss), within the loss's and the strategy's windows."""
-        trajectory = batch.trajectory
-        if self.loss.forward_process:
+        steps = self._window_steps(batch)
+        if not self.loss.forward_process:
             # a forward-process loss (DiffusionNFT) noises the final samples itself: any rollout,
-            # ODE included, and any step's noise level can be trained on
-            steps = torch.arange(trajectory.num_steps)
-        else:
-            steps = trajectory.stochastic_steps()
-        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
-        for window in (self.loss.train_steps(trajectory.num_steps), batch.train_steps):
-            if window is not None:
-                steps = steps[torch.isin(steps, window.to(steps.device))]
+            # ODE included, and any step's noise level can be trained on; others need a log-prob
+            stochastic = batch.trajectory.stochastic_steps()
+            steps = steps[torch.isin(steps, stochastic.to(steps.device))]
         if steps.numel() == 0:
             raise ValueError(
                 "no stochastic step to train on (eta 0 / mode ode in sampling or sampling.training, or an empty train window?)"
             )
         return steps
 
-    def update(self, step: int, batch: RolloutBatch, trainable_steps: torch.Tensor) -> dict[str, Any]:
+    def update(
+        self,
+        step: int,
+        batch: RolloutBatch,
+        trainable_steps: torch.Tensor,
+        num_window_steps: int | None = None,
+    ) -> dict[str, Any]:
         """The inner epochs of minibatch updates on ``batch``; returns the mean loss metrics and the
-        fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`)."""
+        fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`).
+        ``num_window_steps``: the steps ``timestep_fraction`` is a fraction of (None: the trainable ones)."""
         train = self.config.train
         self._grad_norms = []
         self._nonfinite_grad_steps = self._loss_scale_skips = 0
@@ -303,7 +316,7 @@ class Trainer:
         sharded_over = self.accelerator.num_processes if self.sharded else 0
         for epoch in range(train.inner_epochs):
             passes = (train, step, epoch, batch.global_index, global_size, trainable_steps, kept)
-            for part in epoch_passes(*passes, sharded_over, batch.global_group_ids):
+            for part in epoch_passes(*passes, sharded_over, batch.global_group_ids, num_window_steps):
                 for info in self._backward(batch, part):
                     for key, value in info.items():
                         sums[key] = sums.get(key, 0.0) + float(value)

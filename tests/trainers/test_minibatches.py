@@ -149,3 +149,21 @@ def test_each_pass_knows_how_many_minibatches_its_optimiser_step_sums(batch, acc
             totals.append(sum(group))
             group = []
     assert totals == pytest.approx([1.0] * len(totals))
+
+
+@pytest.mark.parametrize(
+    ("trainable", "window", "fraction", "expected"),
+    [
+        (9, 10, 0.99, 9),  # CPS: the last of 10 steps deterministic; flow_grpo trains int(10 x 0.99) = 9
+        (9, None, 0.99, 8),  # without the window count: a fraction of the 9 stochastic steps
+        (2, 4, 0.5, 2),  # two stochastic steps of 4: int(4 x 0.5) = 2, both
+        (2, 10, 0.99, 2),  # never more than the trainable ones
+        (8, 8, 0.5, 4),  # every step stochastic (DDPO): int(8 x 0.5), as before
+    ],
+)
+def test_timestep_fraction_is_a_fraction_of_the_grid_steps(trainable, window, fraction, expected):
+    train = _train(timestep_fraction=fraction, timestep_order="first")
+    steps = torch.arange(trainable)
+    kept = torch.ones(4, dtype=torch.bool)
+    (part,) = epoch_passes(train, 0, 0, torch.arange(4), 4, steps, kept, 0, None, window)
+    assert part.step_indices.tolist() == [list(range(expected))] * 4
