@@ -113,6 +113,10 @@ class TrainConfig:
     * ``clip_range``: PPO's clip range of the ``ppo_clip`` loss.
     * ``ratio_reduction``: "mean" divides log-probs by the number of latent elements before the
       ratio (DDPO, Flow-GRPO, so their clip ranges carry over); "sum" uses exact ratios.
+    * ``cps_log_prob``: the ``ppo_clip`` ratio on flow CPS steps. "official" scores a step as
+      flow_grpo's CPS branch does, ``-(x - mean)^2`` with every constant and the ``1 / (2 std^2)``
+      dropped (the exact log-ratio times ``2 std^2``, per step), so its clip range and learning
+      rate carry over; "exact" takes the Gaussian density's ratio. Other steps are exact either way.
     * ``kl_coef``: weight of the KL penalty to the reference model (0: none); for ``ppo_clip``
       ``kl_coef * ||mu_theta - mu_ref||^2 / (2 s^2)`` per trained step, for the forward-process
       losses (nft, rwr, refl) ``kl_coef * ||f_theta - f_ref||^2`` (a mean over elements, whatever
@@ -196,6 +200,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     kl_reduction: Literal["sum", "mean"] = "mean"
     kl_convention: Literal["official", "exact"] = "official"
+    cps_log_prob: Literal["official", "exact"] = "official"
     # advantages
     advantage: Literal["group", "tracker", "batch"] = "group"
     advantage_std: Literal["group", "global", "none"] = "group"

@@ -113,6 +113,40 @@ def test_conventions_agree_for_cps():
         assert kl_metric("official", policy, i).item() == kl_metric("exact", policy, i).item()
 
 
+@pytest.mark.parametrize("convention", ["official", "exact"])
+def test_cps_ratio_as_flow_grpo_scores_a_cps_step(convention):
+    # flow_grpo's CPS branch: log_prob = -((prev_sample - prev_sample_mean) ** 2).mean(dims), no
+    # 1 / (2 std^2) and no constants; "exact" is the Gaussian density's ratio per element
+    scheduler = sd3_scheduler()
+    generator = torch.Generator().manual_seed(2)
+    sample, prev_sample, v_theta, v_old = (torch.randn(SHAPE, generator=generator) for _ in range(4))
+    v_theta = v_old + 0.05 * v_theta
+    policy = TwoVelocityPolicy(scheduler, sample, prev_sample, v_theta, v_old, 0.7, "cps")
+    batch, dims = SHAPE[0], math.prod(SHAPE[1:])
+    for i in (0, 4, 8):
+        old = flow_sde_step(scheduler, v_old, i, sample, 0.7, "cps", prev_sample)
+        new = flow_sde_step(scheduler, v_theta, i, sample, 0.7, "cps", prev_sample)
+        log_probs = torch.zeros(batch, NUM_STEPS)
+        log_probs[:, i] = old.log_prob
+        trajectory = SimpleNamespace(
+            batch_size=batch,
+            log_probs=log_probs,
+            latents=torch.zeros(batch, NUM_STEPS + 1, *SHAPE[1:]),
+            settings=SimpleNamespace(mode="cps"),
+        )
+        config = TrainConfig(cps_log_prob=convention, clip_range=0.9)
+        _, metrics = PPOClipLoss(config)(policy, trajectory, torch.full((batch,), i), torch.ones(batch))
+        if convention == "official":
+            dims_ = (1, 2, 3)
+            log_ratio = -((prev_sample - new.mean) ** 2).mean(dims_) + ((prev_sample - old.mean) ** 2).mean(
+                dims_
+            )
+        else:
+            log_ratio = (new.log_prob - old.log_prob) / dims
+        assert metrics["ratio"].item() == pytest.approx(log_ratio.exp().mean().item(), rel=1e-5)
+        assert (log_ratio.abs() > 1e-6).all()
+
+
 def test_policy_loss_declares_every_hook_with_a_no_op_default():
     from genalign.trainers.losses import FunctionLoss, PolicyLoss, as_policy_loss
 

@@ -28,6 +28,11 @@ class PPOClipLoss(PolicyLoss):
     exact KL between the two Gaussian step policies, ``1 / |dt|`` times the official value for
     the flow SDE. For flow CPS, DDIM and consistency steps ``kl_std == std`` and they agree.
     ``kl_reduction`` ("mean" over latent elements as flow_grpo, or "sum") applies to either.
+
+    ``cps_log_prob="official"``: on flow CPS steps both log-probs are scaled by ``2 std^2`` (the
+    step's, per sample) before the ratio, so with ``ratio_reduction="mean"`` the log-ratio is
+    flow_grpo's CPS ``-mean((x - mean_new)^2) + mean((x - mean_old)^2)``: its CPS branch keeps
+    only the squared error (Wang & Yu 2025's code, ``sde_step_with_logprob``, ``sde_type="cps"``).
     """
 
     row_mean = True  # ppo_clip_loss and the step KL are means over rows (train.fuse_timesteps)
@@ -41,8 +46,14 @@ class PPOClipLoss(PolicyLoss):
         out = policy.step(trajectory, step_index)
         old_log_prob = trajectory.log_probs[rows, step_index.cpu()].to(out.log_prob.device)
         num_dims = trajectory.latents[0, 0].numel()
+        log_prob = out.log_prob
+        mode = getattr(getattr(trajectory, "settings", None), "mode", None)
+        if config.cps_log_prob == "official" and mode == "cps":
+            # (B,): the step's std, the same for the old and the new policy
+            scale = 2 * out.std.detach().reshape(len(rows)).to(log_prob.dtype) ** 2
+            log_prob, old_log_prob = log_prob * scale, old_log_prob * scale
         loss, info = ppo_clip_loss(
-            out.log_prob, old_log_prob, advantages, config.clip_range, config.ratio_reduction, num_dims
+            log_prob, old_log_prob, advantages, config.clip_range, config.ratio_reduction, num_dims
         )
         metrics = {
             "policy_loss": info["policy_loss"].detach(),
