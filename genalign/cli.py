@@ -469,9 +469,14 @@ def _add_reno(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-clip", type=float, default=0.1, help="gradient-norm clip (<= 0 disables)")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--steps", type=int, default=1, help="denoising steps of the generator")
-    p.add_argument("--guidance-scale", type=float, default=0.0)
+    p.add_argument(
+        "--guidance-scale",
+        type=float,
+        default=None,
+        help="default: 0 (one-step models), LCM 8.5, FLUX.1-dev 3.5",
+    )
     p.add_argument("--gradient-checkpointing", action="store_true")
-    _add_size_seed_device(p, size_help="default: the model's native size")
+    _add_size_seed_device(p, size_help="default: the model's native size; FLUX 512, as ReNO's code")
     p.set_defaults(func=cmd_reno)
 
 

@@ -306,6 +306,43 @@ def test_architecture_specific_errors(clip_reward):
         ReNOPipeline.family("KandinskyPipeline")
 
 
+def test_without_a_generator_every_iteration_sees_the_same_scheduler_noise(pipe, clip_reward):
+    # ReNO's trainer re-seeds its generator every iteration; with none given, a 4-step LCM (which
+    # re-noises between steps) must not optimise a different objective each iteration: at
+    # learning rate 0 the reward stays put
+    torch.manual_seed(3)
+    out = pipe(
+        PROMPT,
+        rewards=[(clip_reward, 1.0)],
+        num_inference_steps=4,
+        guidance_scale=1.5,
+        num_iterations=3,
+        learning_rate=0.0,
+        regularization_weight=0.0,
+        output_type="pt",
+    )
+    history = out.rewards_history.flatten().tolist()
+    assert history == [history[0]] * 3
+
+
+def test_default_guidance_and_size_follow_the_model(pipe, clip_reward):
+    # an LCM takes LatentConsistencyModelPipeline's w = 8.5 when the call gives no guidance
+    seen = []
+    encode = type(pipe)._encode
+    type(pipe)._encode = lambda self, request: seen.append(request.guidance_scale) or encode(self, request)
+    try:
+        pipe(PROMPT, rewards=[clip_reward], num_iterations=1, output_type="pt")
+    finally:
+        type(pipe)._encode = encode
+    assert seen == [8.5]
+    # FLUX: 3.5 for dev (its guidance input), 0 for schnell; 512 px as ReNO's FLUX code
+    dev = ReNOPipeline.from_pipe(flux_pipeline(seed=0))
+    schnell = ReNOPipeline.from_pipe(flux_pipeline(seed=0, schnell=True))
+    assert (dev._default_guidance(), schnell._default_guidance()) == (3.5, 0.0)
+    assert dev._default_size() == (512, 512)
+    assert ReNOPipeline.from_pipe(sd_pipeline(seed=0))._default_guidance() == 0.0
+
+
 # -- the shipped toy models (issue #6): a real learned reward on a real one-step generator ----------
 
 TOY_MODELS = Path(__file__).resolve().parents[2] / "assets" / "models"

@@ -154,6 +154,12 @@ class ReNOMixin:
         size = self.denoiser.config.sample_size * self.vae_scale_factor
         return size, size
 
+    def _default_guidance(self) -> float:
+        """The guidance when the call gives none: 0 (no CFG), what the one-step models ReNO
+        optimises (SD-Turbo, SDXL-Turbo, PixArt-DMD, FLUX.1-schnell) sample with; a model that
+        takes guidance as an input overrides it with its pipeline's default."""
+        return 0.0
+
     def _noise_shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
         channels = self.denoiser.config.in_channels
         return (batch, channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
@@ -243,7 +249,7 @@ class ReNOMixin:
         prompt: str | list[str],
         rewards: RewardsSpec | None = None,
         num_inference_steps: int = 1,
-        guidance_scale: float = 0.0,
+        guidance_scale: float | None = None,
         negative_prompt: str | list[str] | None = None,
         height: int | None = None,
         width: int | None = None,
@@ -275,10 +281,14 @@ class ReNOMixin:
             num_inference_steps: denoising steps of the generator (1 for one-step models).
             guidance_scale: CFG scale (> 1 runs CFG on UNet / PixArt models); LCM's embedded
                 guidance ``w``; FLUX.1-dev's embedded guidance (FLUX.1-schnell ignores it).
+                None: 0 for the one-step models, the wrapped pipeline's default for a model that
+                embeds it (LCM 8.5, FLUX.1-dev 3.5).
             negative_prompt: the CFG negative prompt (UNet / PixArt models, CFG only).
             height, width: image size (default: the model's native size).
             generator: draws the initial noise (when ``latents`` is None) and the scheduler's
-                noise, re-seeded to the same state every iteration as in the paper's code.
+                noise, re-seeded to the same state every iteration as in the paper's code. None:
+                a generator seeded from the global RNG once, so every iteration still sees the
+                same scheduler noise (a multi-step sampler's objective would change otherwise).
             latents: initial noise ``z`` (standard normal scale) in the layout the wrapped
                 pipeline takes as ``latents``: ``[B, C, h, w]``, or FLUX's packed
                 ``[B, h/2 * w/2, 4 C]``.
@@ -303,6 +313,8 @@ class ReNOMixin:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         self._check_call(prompts, num_iterations, optimizer, output_type, timesteps)
         reward = build_reward_ensemble(rewards)
+        if guidance_scale is None:
+            guidance_scale = self._default_guidance()
         batch = len(prompts)
         default_height, default_width = self._default_size()
         height, width = height or default_height, width or default_width
@@ -323,7 +335,10 @@ class ReNOMixin:
         elif tuple(latents.shape) != shape:
             raise ValueError(f"latents: expected shape {shape}, got {tuple(latents.shape)}")
         noise = latents.detach().to(device=device, dtype=torch.float32).clone().requires_grad_(True)
-        generator_state = generator.get_state() if generator is not None else None
+        if generator is None:  # one fixed scheduler noise for every iteration, as a given generator
+            seed = int(torch.randint(2**62, (1,)).item())
+            generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
+        generator_state = generator.get_state()
 
         # 4. Prepare the optimiser
         if optimizer == "sgd":
@@ -334,8 +349,7 @@ class ReNOMixin:
         # 5. Optimisation loop: generate, score, keep the best, step
         best = _BestOfIterations(num_iterations, noise)
         for iteration in range(num_iterations):
-            if generator is not None:
-                generator.set_state(generator_state)  # same scheduler noise every iteration
+            generator.set_state(generator_state)  # same scheduler noise every iteration
             with torch.enable_grad():
                 images = self.generate(
                     noise.to(dtype), conditioning, num_inference_steps, guidance_scale, generator, timesteps

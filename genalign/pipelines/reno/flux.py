@@ -30,8 +30,14 @@ class ReNOFluxPipeline(ReNOMixin, FluxPipeline):
     _supports_timesteps = False
 
     def _default_size(self) -> tuple[int, int]:
-        size = self.default_sample_size * self.vae_scale_factor
-        return size, size
+        """512 x 512, the only size ReNO's FLUX code runs (its ``main.py`` and ``RewardFlux``),
+        not ``FluxPipeline``'s 1024: four times the tokens and the regulariser's dimension."""
+        return 512, 512
+
+    def _default_guidance(self) -> float:
+        """FLUX.1-dev's embedded guidance as ``FluxPipeline`` defaults it (3.5); 0 for schnell,
+        which has no guidance input."""
+        return 3.5 if self.transformer.config.guidance_embeds else 0.0
 
     def _latent_size(self, height: int, width: int) -> tuple[int, int]:
         """Unpacked latent side lengths (even, as packing 2x2 needs), as ``FluxPipeline``."""

@@ -52,6 +52,11 @@ class UNetReNOMixin(ReNOMixin):
             return_dict=False,
         )[0]
 
+    def _default_guidance(self) -> float:
+        """An LCM (a UNet with a guidance embedding) takes ``LatentConsistencyModelPipeline``'s
+        default w = 8.5; 0 would embed w - 1 = -1, outside what it was distilled for."""
+        return 8.5 if self.unet.config.time_cond_proj_dim is not None else 0.0
+
     def _step_sample(self, step: Any, num_inference_steps: int) -> torch.Tensor:
         # LCM returns the consistency-model estimate of x_0 as ``denoised``
         denoised = getattr(step, "denoised", None)
