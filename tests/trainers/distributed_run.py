@@ -34,6 +34,10 @@ def main(out: str, overrides: list[str]) -> None:
         "train.minibatch_size=2",
         "train.timestep_fraction=0.5",
         "train.advantage=group",
+        # Adam's first steps move a weight by about lr whatever its gradient's size; a weight whose
+        # gradient is ~0 (summed in another order on two processes) could then move +-lr in one
+        # run and -+lr in the other. An epsilon above such gradients keeps their steps small.
+        "train.adam_epsilon=1e-4",
     ]
     if overrides and overrides[0].startswith("recipe="):
         recipe, defaults, overrides = ROOT / overrides[0][len("recipe=") :], [], overrides[1:]

@@ -38,6 +38,7 @@ __all__ = [
     "RolloutStrategy",
     "IndexedRollout",
     "draw_indexed_groups",
+    "draw_pool_rows",
     "draw_prompt_groups",
     "draw_step_groups",
     "rollout_indexed_groups",
@@ -199,12 +200,28 @@ class RolloutBatch:
         )
 
 
+def draw_pool_rows(
+    pool_size: int, prompts_per_step: int, group_size: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``[prompts_per_step]`` pool rows of a step's prompts.
+
+    Groups (``group_size > 1``) are distinct prompts when the pool has enough, as flow_grpo's and
+    DiffusionNFT's ``DistributedKRepeatSampler`` (``randperm(len(dataset))[:m]``), trl's
+    ``RepeatSampler`` (Q-Hawkeye) and verl's shuffled loader (RLRF) draw them, so one prompt is
+    never two groups normalised apart. Single samples (DDPO, RLCM, B2-DiffuRL, ``group_size`` 1)
+    and pools smaller than the step are drawn with replacement, as their ``random.choice``.
+    """
+    if group_size > 1 and prompts_per_step <= pool_size:
+        return torch.randperm(pool_size, generator=generator)[:prompts_per_step]
+    return torch.randint(0, pool_size, (prompts_per_step,), generator=generator)
+
+
 def draw_prompt_groups(
     pool: list[str], prompts_per_step: int, group_size: int, generator: torch.Generator
 ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """``prompts_per_step`` prompts drawn with replacement from ``pool``, each repeated
+    """``prompts_per_step`` prompts drawn from ``pool`` (:func:`draw_pool_rows`), each repeated
     ``group_size`` times, their group ids ``[B]`` and one seed per sample ``[B]`` (all global)."""
-    choice = torch.randint(0, len(pool), (prompts_per_step,), generator=generator)
+    choice = draw_pool_rows(len(pool), prompts_per_step, group_size, generator)
     prompts = [pool[int(i)] for i in choice for _ in range(group_size)]
     group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator)
@@ -230,7 +247,7 @@ def draw_indexed_groups(
     """The draw of :func:`draw_prompt_groups` as pool rows: ``[B]`` row of each sample, ``[B]``
     group ids and ``[B]`` seeds (the same random calls, so the same prompts and seeds for the
     same generator)."""
-    choice = torch.randint(0, pool_size, (prompts_per_step,), generator=generator)
+    choice = draw_pool_rows(pool_size, prompts_per_step, group_size, generator)
     indices = choice.repeat_interleave(group_size)
     group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
     seeds = torch.randint(0, 2**31 - 1, (len(indices),), generator=generator)
