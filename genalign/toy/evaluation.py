@@ -41,9 +41,11 @@ EVAL_SET_TITLES = {
 # the headline uses 648 (108 per category, +-4 points) and the other two sets 324.
 DEFAULT_EVAL_IMAGES = {"rl_heldout": 648, "rl_train": 324, "unseen_combinations": 324}
 CI_METHOD = (
-    "paired normal interval of the per-image change (same prompts and seeds before and after), "
-    "stratified by category: change ± z · sqrt(Σ_c s_c² / n_c) / K over the K categories, s_c the "
-    "sample std of the per-image differences of category c"
+    "paired interval of the per-image change (same prompts and seeds before and after), stratified by "
+    "category: for 0/1 correctness Bonett & Price's adjusted Wald per category (one added to each "
+    "discordant count, two to n_c), centre (1/K) Σ_c (c̃_c - b̃_c) ± z · sqrt(Σ_c v_c) / K; for other "
+    "scores change ± z · sqrt(Σ_c s_c² / n_c) / K, s_c the sample std of category c's differences. "
+    "Conditional on this run's weights and these prompts and seeds: another training seed is another draw"
 )
 
 
@@ -140,8 +142,14 @@ def paired_change_interval(
         change = (1/K) Σ_c m_c,   se = sqrt(Σ_c s_c² / n_c) / K,   interval = change ± z se
 
     with ``z`` the normal quantile of ``(1 + confidence) / 2`` (1.96 at 95%). ``change`` equals the
-    difference of GenEval's overall scores. Images are treated as independent (several seeds of
-    one prompt share it); a category with fewer than 2 images makes the interval NaN.
+    difference of GenEval's overall scores. For 0/1 scores the interval is Bonett & Price's (2012)
+    adjusted Wald for paired proportions instead, per category and combined the same way: with
+    ``b_c`` images that went 1 -> 0 and ``c_c`` that went 0 -> 1, ``b~ = (b_c + 1) / (n_c + 2)``,
+    ``c~ = (c_c + 1) / (n_c + 2)``, centre ``(1/K) Σ_c (c~ - b~)`` and variance
+    ``Σ_c (b~ + c~ - (c~ - b~)²) / (n_c + 2) / K²``. It keeps its width when few or no images change
+    (a plain paired interval is then [0, 0], and undercovers at 1-5% discordant images), and
+    ``change`` stays the raw difference. Images are treated as independent (several seeds of one
+    prompt share it); a category with fewer than 2 images makes the interval NaN.
     Returns ``(change, low, high)``.
     """
     if not len(before) == len(after) == len(categories):
@@ -150,18 +158,30 @@ def paired_change_interval(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if len(categories) == 0:
         return math.nan, math.nan, math.nan
-    differences = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    before_a, after_a = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    binary = bool(np.isin(before_a, (0.0, 1.0)).all() and np.isin(after_a, (0.0, 1.0)).all())
+    differences = after_a - before_a
     labels = np.asarray(categories)
-    means, variances = [], []
+    means, centres, variances = [], [], []
     for category in dict.fromkeys(labels.tolist()):  # first-seen order; the sums do not depend on it
         d = differences[labels == category]
+        n = len(d)
         means.append(d.mean())
-        variances.append(d.var(ddof=1) / len(d) if len(d) > 1 else math.nan)
+        if n < 2:
+            centres.append(math.nan)
+            variances.append(math.nan)
+        elif binary:  # Bonett & Price's adjusted Wald for paired proportions
+            lost, gained = (float((d < 0).sum()) + 1) / (n + 2), (float((d > 0).sum()) + 1) / (n + 2)
+            centres.append(gained - lost)
+            variances.append((lost + gained - (gained - lost) ** 2) / (n + 2))
+        else:
+            centres.append(d.mean())
+            variances.append(d.var(ddof=1) / n)
     k = len(means)
-    change = float(sum(means) / k)
+    change, centre = float(sum(means) / k), float(sum(centres) / k)
     standard_error = math.sqrt(sum(variances)) / k
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    return change, change - z * standard_error, change + z * standard_error
+    return change, centre - z * standard_error, centre + z * standard_error
 
 
 def _correct(result: dict[str, Any]) -> list[float]:

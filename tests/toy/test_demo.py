@@ -81,27 +81,45 @@ def test_rl_heldout_evaluation_has_at_least_160_images_over_six_categories():
 
 
 def test_paired_change_interval_by_hand():
-    # category a: differences [1, 0, 0, 0] -> mean 0.25, sample variance 0.25, / n = 0.0625
-    # category b: differences [-1, 0]       -> mean -0.5, sample variance 0.5,  / n = 0.25
-    # change = (0.25 - 0.5) / 2 = -0.125 (= overall 0.375 after - 0.5 before);
-    # se = sqrt(0.0625 + 0.25) / 2; 95%: z = 1.959964
+    # 0/1 scores, Bonett & Price per category (one added to each discordant count, two to n):
+    # category a: differences [1, 0, 0, 0], b = 0 lost, c = 1 gained, n = 4:
+    #   b~ = 1/6, c~ = 2/6, centre 1/6, variance (3/6 - 1/36) / 6
+    # category b: differences [-1, 0], b = 1, c = 0, n = 2: b~ = 2/4, c~ = 1/4, centre -1/4,
+    #   variance (3/4 - 1/16) / 4
+    # change = (0.25 - 0.5) / 2 = -0.125 (= overall 0.375 after - 0.5 before), the raw difference;
+    # interval: (1/6 - 1/4) / 2 +- z sqrt(va + vb) / 2; 95%: z = 1.959964
     before = [0, 0, 1, 1, 1, 0]
     after = [1, 0, 1, 1, 0, 0]
     categories = ["a", "a", "a", "a", "b", "b"]
     change, low, high = paired_change_interval(before, after, categories)
-    se = math.sqrt(0.3125) / 2
+    centre = (1 / 6 - 1 / 4) / 2
+    se = math.sqrt((3 / 6 - 1 / 36) / 6 + (3 / 4 - 1 / 16) / 4) / 2
     assert change == pytest.approx(-0.125)
-    assert low == pytest.approx(-0.125 - 1.959964 * se, abs=1e-6)
-    assert high == pytest.approx(-0.125 + 1.959964 * se, abs=1e-6)
+    assert low == pytest.approx(centre - 1.959964 * se, abs=1e-6)
+    assert high == pytest.approx(centre + 1.959964 * se, abs=1e-6)
     _, low90, high90 = paired_change_interval(before, after, categories, confidence=0.90)
     assert high90 - low90 == pytest.approx(2 * 1.644854 * se, abs=1e-6)
-    # identical scores: no change and no spread; one image in a category: no interval
-    assert paired_change_interval([0, 1], [0, 1], ["a", "a"]) == (0.0, 0.0, 0.0)
+    # other scores: the paired normal interval. a: [0.5, 0, 0, 0] -> mean 0.125, var 0.0625 / 4;
+    # b: [-0.5, 0] -> mean -0.25, var 0.125 / 2
+    scores_after = [0.5, 0, 1, 1, 0.5, 0]
+    change, low, high = paired_change_interval(before, scores_after, categories)
+    se = math.sqrt(0.0625 / 4 + 0.125 / 2) / 2
+    assert change == pytest.approx(-0.0625) and high - change == pytest.approx(1.959964 * se, abs=1e-6)
+    assert change - low == pytest.approx(1.959964 * se, abs=1e-6)
+    # nothing changes, or everything stays wrong: still an interval around 0 (a plain paired
+    # interval is [0, 0] here); 0 of 160 right is at most ~2% right
+    change, low, high = paired_change_interval([0, 1] * 54, [0, 1] * 54, ["a"] * 108)
+    assert change == 0.0 and low < -0.02 and high > 0.02
+    change, low, high = paired_change_interval([0] * 160, [0] * 160, ["a"] * 160)
+    assert change == 0.0 and low < 0 < 0.01 < high < 0.03
+    # one image in a category: no interval
     assert all(math.isnan(v) for v in paired_change_interval([0, 1], [1, 1], ["a", "b"])[1:])
     with pytest.raises(ValueError, match="before"):
         paired_change_interval([0], [0, 1], ["a", "a"])
     # categories as a numpy array (a DataFrame column, say) give the same interval
-    assert paired_change_interval(before, after, np.array(categories)) == (change, low, high)
+    assert paired_change_interval(before, after, np.array(categories)) == paired_change_interval(
+        before, after, categories
+    )
 
 
 def _result(correct: list[int], categories: list[str]) -> dict:
