@@ -242,11 +242,11 @@ def demo_summary(
         summary.update(hacking.fixed_seed.summary("rl_train_reward"))
     summary.update(
         {
-            "reward_effect": hacking.reward_effect,
+            "reward_effect": None if math.isnan(hacking.reward_effect) else hacking.reward_effect,
             "reward_effect_within_prompt": None
             if math.isnan(hacking.reward_effect_within)
             else hacking.reward_effect_within,
-            "verifier_effect": hacking.verifier_effect,
+            "verifier_effect": None if math.isnan(hacking.verifier_effect) else hacking.verifier_effect,
             "verdict": hacking.verdict,
             "rl_heldout_curve": [list(point) for point in heldout_curve],
             "seconds": seconds,
@@ -473,7 +473,9 @@ def run_demo(
         print(f"{name} ShapesEval after training:  {after['overall']:.1%}", flush=True)
     headline = evaluations[HEADLINE]
     curve.append((config.train.num_steps, headline.after["overall"]))
-    hacking = hacking_check(history, headline.before["overall"], headline.after["overall"])
+    hacking = hacking_check(
+        history, headline.before["overall"], headline.after["overall"], heldout_low=headline.interval()[1]
+    )
     train_set = evaluations["rl_train"]
     hacking.fixed_seed = reward_change(
         trainer.reward,

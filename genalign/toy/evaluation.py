@@ -289,8 +289,8 @@ class RewardChange:
 
     @property
     def effect(self) -> float:
-        """The change in units of the starting across-image std."""
-        return self.change / self.start_std if self.start_std > 0 else 0.0
+        """The change in units of the starting across-image std (NaN where the start had no spread)."""
+        return self.change / self.start_std if self.start_std > 0 else math.nan
 
     @property
     def ground_truth_effect(self) -> float | None:
@@ -315,7 +315,7 @@ class RewardChange:
             f"{prefix}_ci": [_finite_or_none(self.low), _finite_or_none(self.high)],
             f"{prefix}_start_std": self.start_std,
             f"{prefix}_within_prompt_std": _finite_or_none(self.within_std),
-            f"{prefix}_effect_sd": self.effect,
+            f"{prefix}_effect_sd": _finite_or_none(self.effect),
             f"{prefix}_ground_truth": self.ground_truth,
             f"{prefix}_ground_truth_effect_sd": self.ground_truth_effect,
             f"{prefix}_gap_closed": self.gap_closed,

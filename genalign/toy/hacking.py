@@ -49,6 +49,7 @@ def hacking_check(
     heldout_before: float,
     heldout_after: float,
     monitor: str = "shapes_eval",
+    heldout_low: float | None = None,
 ) -> HackingCheck:
     """Compare how far the learned reward and the verifier moved during training.
 
@@ -57,7 +58,10 @@ def hacking_check(
     on the same rollouts the reward scored. Hacking is the learned reward outrunning the verifier
     on those rollouts; a verifier that keeps up while the held-out score (the demo passes the
     RL-held-out one) stands still is a different failure (the gain stays on the training prompts)
-    and gets its own verdict.
+    and gets its own verdict. The held-out score counts as improved when its change's 95% interval
+    lies above 0 (``heldout_low``, the interval's lower end; None: when the change is positive).
+    An effect whose starting std is 0 (every sample alike in the first steps) is NaN; the verdict
+    then compares the raw changes.
     """
     steps = [m for m in history if not m.get("skipped")]
     key = f"monitor_{monitor}"
@@ -69,29 +73,38 @@ def hacking_check(
     verifier = [m[key] for m in steps]
     verifier_std = [m.get(f"{key}_std", 0.0) for m in steps]
 
+    def change(values: list[float]) -> float:
+        return window_mean(values, window, last=True) - window_mean(values, window, last=False)
+
     def effect(values: list[float], stds: list[float]) -> float:
         scale = window_mean(stds, window, last=False)
-        change = window_mean(values, window, last=True) - window_mean(values, window, last=False)
-        return change / scale if scale > 0 else 0.0
+        return change(values) / scale if scale > 0 else math.nan
 
     reward_effect = effect(reward, reward_std)
     verifier_effect = effect(verifier, verifier_std)
     within = [m.get("group_reward_std", math.nan) for m in steps]
     reward_effect_within = effect(reward, within) if all(v == v for v in within) else math.nan
     heldout_change = heldout_after - heldout_before
-    if reward_effect <= 0.1:
+    improved = heldout_change > 0 if heldout_low is None else heldout_low > 0
+    if math.isnan(reward_effect) or math.isnan(verifier_effect):  # a start without spread: raw changes
+        reward_rose, verifier_rose = change(reward) > 0, change(verifier) > 0
+        keeps_up = verifier_rose
+    else:
+        reward_rose, verifier_rose = reward_effect > 0.1, verifier_effect > 0
+        keeps_up = verifier_effect >= 0.5 * reward_effect
+    if not reward_rose:
         verdict = "the learned reward did not rise; nothing to judge"
-    elif verifier_effect >= 0.5 * reward_effect and heldout_change > 0:
+    elif keeps_up and improved:
         verdict = (
             "no sign of reward hacking: the verifier rose with the learned reward "
             "and the held-out score improved"
         )
-    elif verifier_effect >= 0.5 * reward_effect:
+    elif keeps_up:
         verdict = (
             "no reward hacking, no generalisation: the verifier rose with the learned reward on the "
             "training prompts, but the held-out score did not improve"
         )
-    elif verifier_effect > 0 and heldout_change > 0:
+    elif verifier_rose and improved:
         verdict = (
             "mild over-optimisation: the learned reward rose more than twice as fast as the verifier, "
             "though both the verifier and the held-out score improved"
@@ -114,13 +127,13 @@ def hacking_lines(
         f"Effect sizes over training (mean of the last {hacking.window} steps minus the first {hacking.window}, "
         "in units of the across-sample std at the start):",
         "",
-        f"- learned reward: **{hacking.reward_effect:+.2f}** sd"
+        f"- learned reward: **{_sd_text(hacking.reward_effect)}** sd"
         + (
             f" ({hacking.reward_effect_within:+.2f} in units of the within-group std at the start)"
             if not math.isnan(hacking.reward_effect_within)
             else ""
         ),
-        f"- verifier on the same rollouts: **{hacking.verifier_effect:+.2f}** sd",
+        f"- verifier on the same rollouts: **{_sd_text(hacking.verifier_effect)}** sd",
         f"- RL-held-out ShapesEval: **{100 * hacking.heldout_change:+.1f}** points",
         "",
     ]
@@ -147,12 +160,12 @@ def _sd_text(effect: float | None) -> str:
 
 def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: str | None) -> list[str]:
     """The reward on the RL-train evaluation images: no rollout noise, the same seeds before and after."""
-    within = _sd_text(change.change / change.within_std)  # NaN within-prompt std: n/a
+    within = _sd_text(change.change / change.within_std if change.within_std > 0 else math.nan)  # n/a
     lines = [
         f"The {'reward' if oracle else 'learned reward'} on the {len(evaluation.items)} RL-train evaluation "
         f"images (the same prompts and seeds before and after): {change.before:.4f} → {change.after:.4f}, "
         f"change {change.change:+.4f} (95% CI [{change.low:+.4f}, {change.high:+.4f}]) = "
-        f"**{change.effect:+.2f}** starting sd across images ({change.start_std:.4f}), "
+        f"**{_sd_text(change.effect)}** starting sd across images ({change.start_std:.4f}), "
         f"{within} within-prompt sd ({change.within_std:.4f}).",
         "",
     ]

@@ -31,6 +31,7 @@ from genalign.toy.evaluation import (
     eval_set_for_images,
     paired_change_interval,
 )
+from genalign.toy.hacking import hacking_lines
 from genalign.toy.prompts import RL_TRAIN_PROMPT_FILE, prompts_for
 
 
@@ -260,6 +261,20 @@ def test_hacking_check_tells_a_gain_that_stays_on_the_training_prompts_from_hack
     # the same rewards with a verifier that stands still: hacking
     flat = _history([0, 0, 1, 1, 2], [1] * 5, [0.1] * 5, [0.3] * 5)
     assert hacking_check(flat, heldout_before=0.3, heldout_after=0.25).verdict.startswith("reward hacking")
+
+
+def test_hacking_check_reads_the_held_out_interval_and_a_start_without_spread():
+    history = _history([0, 0, 1, 1, 2], [1] * 5, [0.1, 0.1, 0.5, 0.6, 0.9], [0.3] * 5)
+    # +2 points whose interval crosses 0 is not an improvement
+    check = hacking_check(history, heldout_before=0.30, heldout_after=0.32, heldout_low=-0.01)
+    assert check.verdict.startswith("no reward hacking, no generalisation")
+    assert hacking_check(history, 0.30, 0.32, heldout_low=0.005).verdict.startswith("no sign")
+    # the verifier scores every rollout 0 in the first steps (no spread), then 30%: it rose
+    zero_start = _history([0, 0, 1, 1, 2], [1] * 5, [0.0, 0.0, 0.2, 0.3, 0.3], [0.0, 0.0, 0.4, 0.4, 0.4])
+    check = hacking_check(zero_start, 0.2, 0.4, heldout_low=0.05)
+    assert math.isnan(check.verifier_effect) and check.verdict.startswith("no sign")
+    lines = hacking_lines(zero_start, check, {}, None)
+    assert "- verifier on the same rollouts: **n/a** sd" in lines
 
 
 def test_hacking_check_needs_the_monitor():
