@@ -49,15 +49,18 @@ from genalign.rewards.evaluation import metrics  # noqa: E402
 from genalign.rewards.evaluation.data import load_image_tensor  # noqa: E402
 
 
-def load_set(folder: Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """``(originals [N, 3, H, W], degraded copies [N, 3, H, W], mos [N])`` of a quality set."""
+def load_set(folder: Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray | None]:
+    """``(originals [N, 3, H, W], degraded copies [N, 3, H, W], mos [N], clusters [N] or None)`` of a
+    quality set; ``clusters`` is the rows' ``cluster`` column (their scene: copies of one scene are
+    not independent, so the intervals resample scenes, as eval-reward does), None without one."""
     rows = [json.loads(line) for line in (folder / "mos.jsonl").read_text().splitlines() if line]
     pairs = {
         p["image_0"]: p["image_1"] for p in map(json.loads, (folder / "pairs.jsonl").read_text().splitlines())
     }
     originals = torch.stack([load_image_tensor(r["image"], folder) for r in rows])
     degraded = torch.stack([load_image_tensor(pairs[r["image"]], folder) for r in rows])
-    return originals, degraded, np.array([r["mos"] for r in rows], dtype=float)
+    clusters = np.array([r["cluster"] for r in rows]) if all("cluster" in r for r in rows) else None
+    return originals, degraded, np.array([r["mos"] for r in rows], dtype=float), clusters
 
 
 def score(reward: torch.nn.Module, images: torch.Tensor, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -87,22 +90,36 @@ def above_degraded_credit(original: np.ndarray, degraded: np.ndarray) -> np.ndar
 
 
 def summary(
-    original: np.ndarray, degraded: np.ndarray, mos: np.ndarray, answered: np.ndarray | None = None
+    original: np.ndarray,
+    degraded: np.ndarray,
+    mos: np.ndarray,
+    answered: np.ndarray | None = None,
+    clusters: np.ndarray | None = None,
 ) -> dict[str, list[float]]:
     """``{name: [value, low, high]}`` for srcc, plcc and the original-above-degraded rate; with
     ``answered`` (per image: both the original's and the copy's answers parse) also that rate over
     the answered pairs only, ``original_above_degraded_answered``: an answer judge whose text breaks
-    down on a degraded copy scores the floor there, which the plain rate counts as a win."""
+    down on a degraded copy scores the floor there, which the plain rate counts as a win. With
+    ``clusters`` (per image) the intervals resample clusters (:func:`metrics.bootstrap_intervals`)."""
     point = metrics.mos_correlations(original, mos, fit=False)
     intervals = metrics.bootstrap_intervals(
-        lambda index: metrics.mos_correlations(original[index], mos[index], fit=False), len(mos)
+        lambda index: metrics.mos_correlations(original[index], mos[index], fit=False),
+        len(mos),
+        clusters=clusters,
     )
     credit = above_degraded_credit(original, degraded)
     out = {name: [point[name], *intervals[name]] for name in ("srcc", "plcc")}
-    out["original_above_degraded"] = [float(np.nanmean(credit)), *metrics.mean_interval(credit)]
+    out["original_above_degraded"] = [
+        float(np.nanmean(credit)),
+        *metrics.mean_interval(credit, clusters=clusters),
+    ]
     if answered is not None:
         kept = credit[answered]
-        out["original_above_degraded_answered"] = [float(np.mean(kept)), *metrics.mean_interval(kept)]
+        kept_clusters = None if clusters is None else clusters[answered]
+        out["original_above_degraded_answered"] = [
+            float(np.mean(kept)),
+            *metrics.mean_interval(kept, clusters=kept_clusters),
+        ]
     return out
 
 
@@ -111,9 +128,11 @@ def paired_difference(
     theirs: tuple[np.ndarray, np.ndarray],
     mos: np.ndarray,
     answered: np.ndarray | None = None,
+    clusters: np.ndarray | None = None,
 ) -> dict[str, list[float]]:
     """``{name: [difference, low, high]}``: ours minus theirs for srcc, plcc and
-    original-above-degraded, with percentile intervals from one paired bootstrap over the images.
+    original-above-degraded, with percentile intervals from one paired bootstrap over the images
+    (over their ``clusters`` when given).
     With ``answered`` (per image: every answer of both judges parses) also the difference of the
     rate over those pairs only, ``original_above_degraded_answered``: the same pairs for both, so a
     judge is not credited for a copy it could not answer, nor compared on other pairs."""
@@ -132,7 +151,7 @@ def paired_difference(
         return out
 
     point = statistic(np.arange(len(mos)))
-    intervals = metrics.bootstrap_intervals(statistic, len(mos))
+    intervals = metrics.bootstrap_intervals(statistic, len(mos), clusters=clusters)
     return {name: [value, *intervals[name]] for name, value in point.items()}
 
 
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    originals, degraded, mos = load_set(Path(args.data))
+    originals, degraded, mos, clusters = load_set(Path(args.data))
     answer = (Path(args.model) / "iqa_judge.json").is_file()
     baseline = None
     if args.baseline is not None:
@@ -176,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         row = {"judge": args.label or args.model, "samples": samples, "temperature": args.temperature}
         if answer:
             row["readout"] = args.readout
-        row.update(summary(s_original, s_degraded, mos, answered))
+        row.update(summary(s_original, s_degraded, mos, answered, clusters))
         parsed, parsed_degraded = float(np.mean(p_original)), float(np.mean(p_degraded))
         row.update(parsed=parsed, parsed_degraded=parsed_degraded, seconds=time.perf_counter() - start)
         if baseline is not None:
             row["baseline"] = args.baseline
             both = baseline_answered & answered if answered is not None else baseline_answered
-            difference = paired_difference((s_original, s_degraded), baseline, mos, both)
+            difference = paired_difference((s_original, s_degraded), baseline, mos, both, clusters)
             row.update({f"{name}_minus_baseline": value for name, value in difference.items()})
         with open(args.log, "a", encoding="utf-8") as log:
             log.write(json.dumps(row) + "\n")

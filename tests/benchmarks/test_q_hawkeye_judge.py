@@ -74,3 +74,28 @@ def test_the_paired_answered_rate_compares_both_judges_on_the_same_pairs(judge):
     value, low, high = out["original_above_degraded_answered"]
     assert low <= value <= high
     assert "original_above_degraded_answered" not in judge.paired_difference(ours, theirs, mos)
+
+
+def test_intervals_resample_scenes_when_the_set_has_them(judge):
+    """Copies of one scene are not independent: with the set's clusters every interval is the
+    cluster bootstrap's (eval-reward's), wider than the image bootstrap when scenes differ."""
+    from genalign.rewards.evaluation import metrics
+
+    rng = np.random.default_rng(1)
+    scenes = np.repeat(np.arange(24), 12)
+    mos = rng.uniform(1, 5, 288)
+    original = mos + np.repeat(rng.normal(0, 1.5, 24), 12) + rng.normal(0, 0.3, 288)
+    degraded = original - rng.normal(0.2, 1.0, 288)
+    out = judge.summary(original, degraded, mos, clusters=scenes)
+    expected = metrics.bootstrap_intervals(
+        lambda index: metrics.mos_correlations(original[index], mos[index], fit=False), 288, clusters=scenes
+    )
+    assert tuple(out["srcc"][1:]) == pytest.approx(expected["srcc"])
+    credit = judge.above_degraded_credit(original, degraded)
+    assert tuple(out["original_above_degraded"][1:]) == pytest.approx(
+        metrics.mean_interval(credit, clusters=scenes)
+    )
+    plain = judge.summary(original, degraded, mos)
+    assert out["srcc"][2] - out["srcc"][1] > plain["srcc"][2] - plain["srcc"][1]
+    paired = judge.paired_difference((original, degraded), (mos, degraded), mos, clusters=scenes)
+    assert all(low <= value <= high for value, low, high in paired.values())
