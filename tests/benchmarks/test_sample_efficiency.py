@@ -53,6 +53,7 @@ def test_summary_reports_mean_and_t_interval_over_seeds(bench):
         row.update(train_reward_first=first, train_reward_last=last, wall_seconds=1.0)
     table = bench.summarise(rows, [10])
     assert "| 10 | 60.0 ± 24.8 |" in table
+    assert "| 0 | 50.0 |" in table  # the shared start: no interval over seeds
     assert "| grpo | 3 | 10.0 ± 24.8 |" in table
 
 
