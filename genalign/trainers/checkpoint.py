@@ -420,12 +420,13 @@ def _prune(checkpoints_dir: Path, keep: Path, keep_last: int | None) -> None:
 
 
 # ----------------------------------------------------------------------------- finding and loading
-def _complete_checkpoints(checkpoints_dir: Path) -> list[Path]:
+def _complete_checkpoints(checkpoints_dir: Path, complete: bool = True) -> list[Path]:
+    """Checkpoint folders by step; ``complete``: only those with their meta file (written last)."""
     found = []
     if checkpoints_dir.is_dir():
         for path in checkpoints_dir.iterdir():
             match = _CHECKPOINT_NAME.match(path.name)
-            if match and path.is_dir() and (path / META_FILE).is_file():
+            if match and path.is_dir() and (not complete or (path / META_FILE).is_file()):
                 found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
 
@@ -567,7 +568,9 @@ def load_latest_intact(
     :class:`RecipeMismatchError`. When every checkpoint is damaged, the error lists them all.
     """
     skipped = []
-    for path in reversed(list_checkpoints(run_dir)):
+    # every named checkpoint folder: one without its meta file cannot be a write in progress (those
+    # are .tmp folders, renamed when complete), so it is damage, not "no checkpoint yet"
+    for path in reversed(_complete_checkpoints(Path(run_dir) / CHECKPOINTS_DIR, complete=False)):
         try:
             checkpoint = load_checkpoint(path, expected_recipe=expected_recipe, expected_data=expected_data)
         except CorruptCheckpointError as error:

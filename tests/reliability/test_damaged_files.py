@@ -46,7 +46,7 @@ def test_flipped_bytes_fail_the_checksum(tmp_path):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "bad_json", "missing"])
+@pytest.mark.parametrize("damage", ["truncate", "bad_json", "missing", "no_meta", "emptied"])
 def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, damage, caplog):
     _save(tmp_path, 1, 1.0)
     newest = _save(tmp_path, 2, 2.0)
@@ -55,12 +55,25 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, damage, cap
         file.write_bytes(file.read_bytes()[:40])
     elif damage == "bad_json":
         (newest / "optimizer.json").write_text('{"lr": 0.1, "m"')
-    else:
+    elif damage == "missing":
         (newest / "optimizer.safetensors").unlink()
+    else:  # the meta file (written last) or everything gone: damage, not a checkpoint being written
+        for file in newest.iterdir() if damage == "emptied" else [newest / "meta.json"]:
+            file.unlink()
     with caplog.at_level("WARNING"):
         checkpoint = load_latest_intact(tmp_path)
     assert checkpoint.step == 1 and torch.equal(checkpoint.tensors["trainable"]["w"], torch.full((64,), 1.0))
     assert "skipping damaged checkpoint checkpoint-00000002" in caplog.text
+
+
+def test_a_run_whose_only_checkpoint_lost_its_meta_file_is_not_started_afresh(tmp_path):
+    # resume=latest must not read this as "no checkpoint yet" and overwrite the run's progress
+    path = _save(tmp_path, 3)
+    (path / "meta.json").unlink()
+    with pytest.raises(
+        CorruptCheckpointError, match=r"every checkpoint .* is damaged: checkpoint-00000003: .*meta\.json"
+    ):
+        load_latest_intact(tmp_path)
 
 
 def test_damaged_json_error_names_its_file(tmp_path):
