@@ -43,6 +43,15 @@ class LoRAConfig:
     dropout: float = 0.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise ConfigError(f"model.lora.rank must be positive, got {self.rank}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout must lie in [0, 1), got {self.dropout}")
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
 
 @dataclass
 class ModelConfig:
@@ -67,6 +76,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("model.path is required (a hub id or a local diffusers folder)")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)} (or unset), got {self.dtype!r}")
         if self.local_window is not None:
             window = self.local_window
             if self.family != "ar_video":
@@ -206,6 +217,14 @@ class SamplingConfig:
             raise ConfigError(
                 f"sampling.num_inference_steps must be positive, got {self.num_inference_steps}"
             )
+        for key in ("eta", "noise_level"):
+            for where, value in (("", getattr(self, key)), ("training.", self.training.get(key))):
+                if value is not None and not value >= 0:
+                    raise ConfigError(f"sampling.{where}{key} must be >= 0, got {value}")
+        for key in ("height", "width"):
+            value = getattr(self, key)
+            if value is not None and (value <= 0 or value % 8):
+                raise ConfigError(f"sampling.{key} must be a positive multiple of 8, got {value}")
         for where, k in (("", self.num_sde_steps), ("training.", self.training.get("num_sde_steps"))):
             if k is not None and not 0 <= k <= self.num_inference_steps:
                 raise ConfigError(
@@ -360,6 +379,8 @@ class RecipeConfig:
     rewriter: RewriterConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.model.path == "?":  # no model section
+            raise ConfigError("model.path is required: the recipe has no model section (model: {family, path})")
         methods = {
             "ddpo": ("sd",),
             "flow_grpo": ("flow",),

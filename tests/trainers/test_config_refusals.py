@@ -125,3 +125,28 @@ def test_the_cli_reports_it_in_one_line_before_any_model_loads(tmp_path, capsys,
     err = capsys.readouterr().err.strip()
     assert err.startswith("genalign: error: train.kl_coef: the 'astrolabe' loss ignores it"), err
     assert "\n" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["sampling.eta=-1"], "sampling.eta must be >= 0, got -1"),
+        (["sampling.training={eta: -0.5}"], "sampling.training.eta must be >= 0"),
+        (["sampling.noise_level=-0.1"], "sampling.noise_level must be >= 0"),
+        (["sampling.height=33"], "sampling.height must be a positive multiple of 8, got 33"),
+        (["sampling.width=0"], "sampling.width must be a positive multiple of 8"),
+        (["model.dtype=float17"], "model.dtype must be one of float32, float16, bfloat16"),
+        (["model.lora.rank=0"], "model.lora.rank must be positive, got 0"),
+    ],
+)
+def test_bad_model_and_sampling_values_are_refused_at_load_naming_the_key(overrides, message):
+    # found by a new user: each failed only at step 0 (after a checkpoint was written) or inside torch
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_recipe(DDPO, overrides)
+
+
+def test_a_recipe_without_a_model_section_says_so(tmp_path):
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text("# nothing yet\nname: x\n")
+    with pytest.raises(ConfigError, match="model.path is required: the recipe has no model section"):
+        load_recipe(recipe)
