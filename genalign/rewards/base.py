@@ -15,6 +15,7 @@ it never crashes the batch. Non-finite scores (NaN or infinite) are counted in
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,9 +165,30 @@ def validate_videos(videos: Any) -> int:
 
 
 def load_reward(name: str, **kwargs: Any) -> Reward:
-    """Build a registered reward by name (or ``"module.path:Class"``) with keyword arguments."""
+    """Build a registered reward by name (or ``"module.path:Class"``) with keyword arguments.
+
+    A keyword the reward does not take, or a value its constructor rejects (a ``TypeError`` or
+    ``ValueError``), raises ``ValueError`` naming the reward and its options, not the constructor's
+    bare message."""
     cls = REWARDS.get(name)
-    return cls(**kwargs)
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no signature to check against
+        parameters = {}
+    if parameters and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        unknown = [key for key in kwargs if key not in parameters]
+        if unknown:
+            accepted = ", ".join(key for key in parameters if key != "self") or "(none)"
+            raise ValueError(
+                f"reward {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {accepted}"
+            )
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        if not kwargs:
+            raise
+        given = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+        raise ValueError(f"reward {name!r} ({given}): {error}") from error
 
 
 def load_image_reward(reward: Any, kwargs: Any = None, owner: str = "reward") -> Reward:

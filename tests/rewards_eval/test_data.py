@@ -149,6 +149,12 @@ def test_missing_columns_are_named_with_what_the_file_has(image_dir):
     assert "caption, jpg_0, label_0" in message
 
 
+def test_a_later_row_missing_a_column_is_named_by_its_line(image_dir):
+    rows = [{"image": "img0.png", "mos": 3.0}, {"image": "img0.png", "mos": 2.0}, {"mos": 1.0}]
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 3: missing column 'image' \(every mos row needs"):
+        load_eval_dataset(write_jsonl(image_dir / "bad.jsonl", rows), "mos")
+
+
 def test_labels_outside_the_allowed_values(image_dir):
     rows = [
         {"prompt": "a", "image_0": "img0.png", "image_1": "img1.png", "label": 1},

@@ -67,6 +67,12 @@ TASK_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ranking": (("prompt", "images", "ranks"), ("category", "split", "id", "group")),
     "mos": (("image", "mos"), ("prompt", "category", "split", "id", "cluster")),
 }
+# the columns every row of a task must hold (the first row's columns are checked by check_columns)
+_ROW_COLUMNS = {
+    "preference": ("image_0", "image_1", "label"),
+    "ranking": ("images", "ranks"),
+    "mos": ("image", "mos"),
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "pickapic": {
         "task": "preference",
@@ -383,6 +389,12 @@ def rows_to_samples(
     bad_labels = []
     for index, row in enumerate(rows):
         where = lines[index]
+        missing = [mapping[key] for key in _ROW_COLUMNS[task] if mapping[key] not in row]
+        if missing:
+            raise ValueError(
+                f"{source}, {where}: missing column {', '.join(map(repr, missing))} (every {task} row needs "
+                f"{', '.join(repr(mapping[key]) for key in _ROW_COLUMNS[task])}; --columns renames them)"
+            )
         prompt = "" if row.get(mapping["prompt"]) is None else str(row.get(mapping["prompt"]))
         if task == "preference":
             images = [row[mapping["image_0"]], row[mapping["image_1"]]]
