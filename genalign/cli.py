@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from genalign.cli_errors import describe_error
+
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -246,11 +248,14 @@ def cmd_rlg(args: argparse.Namespace) -> int:
     import torch
 
     from genalign.pipelines import RLGPipeline
+    from genalign.policies.model_folder import looks_like_local_path
     from genalign.tiny.materialize import materialize
     from genalign.utils.images import save_images
 
     pipe = RLGPipeline.from_pretrained(materialize(args.base)).to(args.device)
     pipe.set_progress_bar_config(disable=True)
+    if looks_like_local_path(args.rl_lora) and not Path(args.rl_lora).exists():  # not a hub repo id
+        raise FileNotFoundError(f"--rl-lora {args.rl_lora} does not exist")
     pipe.load_lora_weights(args.rl_lora, adapter_name="rl")
     kwargs = {"num_inference_steps": args.steps} if args.steps else {}
     if args.guidance_scale is not None:
@@ -349,6 +354,13 @@ def _add_prompts_and_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder for PNGs and grid.png")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _add_size_seed_device(p: argparse.ArgumentParser, size_help: str | None = None) -> None:
     """``--height``, ``--width``, ``--seed`` and ``--device``."""
     p.add_argument("--height", type=int, default=None, help=size_help and f"image height ({size_help})")
@@ -362,7 +374,7 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="hub id, local diffusers folder, or tiny:NAME (offline tiny model)")
     _add_prompts_and_out(p)
     p.add_argument("--family", default=None, help="policy family (default: read from model_index.json)")
-    p.add_argument("--num-images", type=int, default=1, help="images per prompt")
+    p.add_argument("--num-images", type=_positive_int, default=1, help="images per prompt")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (family default if omitted)")
     p.add_argument("--guidance-scale", type=float, default=None)
     p.add_argument("--eta", type=float, default=0.0, help="DDIM eta for the sd family (0 = deterministic)")
@@ -468,7 +480,7 @@ def _add_reno(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reg-weight", type=float, default=0.01, help="lambda of the noise-norm regulariser")
     p.add_argument("--grad-clip", type=float, default=0.1, help="gradient-norm clip (<= 0 disables)")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
-    p.add_argument("--steps", type=int, default=1, help="denoising steps of the generator")
+    p.add_argument("--steps", type=_positive_int, default=1, help="denoising steps of the generator")
     p.add_argument(
         "--guidance-scale",
         type=float,
@@ -488,8 +500,10 @@ def _add_rlg(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rl-lora", required=True, help="the RL-tuned LoRA (file or folder, diffusers format)")
     p.add_argument("--rlg-scale", type=float, default=1.0, help="w: 0 base, 1 RL-tuned, > 1 extrapolate")
     _add_prompts_and_out(p)
-    p.add_argument("--num-images", type=int, default=1, help="images per prompt")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (pipeline default if omitted)")
+    p.add_argument("--num-images", type=_positive_int, default=1, help="images per prompt")
+    p.add_argument(
+        "--steps", type=_positive_int, default=None, help="denoising steps (pipeline default if omitted)"
+    )
     p.add_argument("--guidance-scale", type=float, default=None)
     _add_size_seed_device(p)
     p.set_defaults(func=cmd_rlg)
@@ -537,6 +551,9 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | No
     """Parse ``argv``, letting ``key=value`` overrides sit before, between or after a command's
     options (``genalign demo recipe.yaml --eval-every 50 train.seed=1``): argparse alone stops
     collecting a ``nargs="*"`` positional at the first option and rejects what follows."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:  # every error message suggests it: after the subcommand too
+        argv = ["--debug", *(a for a in argv if a != "--debug")]
     args, extras = parser.parse_known_args(argv)
     stray = [e for e in extras if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
     if stray:
@@ -569,35 +586,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"genalign: error: {describe_error(error)}", file=sys.stderr)
         return 2
-
-
-def describe_error(error: BaseException) -> str:
-    """One line for a user: the message of an error we raise on purpose (it names the file, key
-    or line), the type as well for anything else, and how to see the traceback."""
-    import yaml
-
-    from genalign.trainers.checkpoint import CorruptCheckpointError, RecipeMismatchError
-    from genalign.trainers.guards import NonFiniteWeightsError
-    from genalign.trainers.run_folder import RunFolderError
-
-    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    if isinstance(error, OSError) and error.filename and str(error.filename) not in message:
-        message = f"{error.filename}: {message}"
-    expected = (
-        ValueError,  # ConfigError, CorruptCheckpointError, RecipeMismatchError and bad input
-        LookupError,  # unknown registry names
-        OSError,  # missing files, a full disk (ENOSPC)
-        ImportError,  # a plug-in that cannot be imported
-        yaml.YAMLError,
-        RunFolderError,
-        NonFiniteWeightsError,
-        CorruptCheckpointError,
-        RecipeMismatchError,
-    )
-    if isinstance(error, expected):
-        return " ".join(message.split("\n")[:1]) or type(error).__name__
-    first = message.splitlines()[0] if message else ""
-    return f"{type(error).__name__}: {first} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":  # pragma: no cover

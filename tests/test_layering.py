@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"tiny"},  # tiny models for tests and `tiny:` ids, built with the rewards' open_clip registry
     {"trainers", "pipelines"},
     {"toy"},  # the demo drives the trainers
-    {"cli"},
+    {"cli", "cli_errors"},  # the command line and its one-line error messages
 ]
 LEVEL = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 

@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from genalign.policies.model_folder import looks_like_local_path
+
 TINY_PREFIX = "tiny:"
 
 
@@ -87,9 +89,15 @@ def _wait_for(path: Path, timeout: float = 900.0) -> None:
 
 
 def materialize(path: str | Path) -> str:
-    """Resolve ``tiny:NAME`` to a saved folder (building it on first use); other paths pass through."""
+    """Resolve ``tiny:NAME`` to a saved folder (building it on first use); other paths pass through,
+    except a local-looking path (``./``, ``/``, ``~``, two separators) that does not exist, which
+    raises naming it rather than letting the hub client report a failed download."""
     text = str(path)
     if not text.startswith(TINY_PREFIX):
+        if looks_like_local_path(text) and not Path(text).expanduser().exists():
+            raise FileNotFoundError(
+                f"model folder {text} does not exist (a hub id has the form 'organisation/name')"
+            )
         return text
     name = text[len(TINY_PREFIX) :]
     builders = _builders()

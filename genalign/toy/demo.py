@@ -473,9 +473,8 @@ def run_demo(
         print(f"{name} ShapesEval after training:  {after['overall']:.1%}", flush=True)
     headline = evaluations[HEADLINE]
     curve.append((config.train.num_steps, headline.after["overall"]))
-    hacking = hacking_check(
-        history, headline.before["overall"], headline.after["overall"], heldout_low=headline.interval()[1]
-    )
+    first, last, low = headline.before["overall"], headline.after["overall"], headline.interval()[1]
+    hacking = hacking_check(history, first, last, heldout_low=low)
     train_set = evaluations["rl_train"]
     hacking.fixed_seed = reward_change(
         trainer.reward,

@@ -77,7 +77,9 @@ class ModelConfig:
         if not self.path:
             raise ConfigError("model.path is required (a hub id or a local diffusers folder)")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)} (or unset), got {self.dtype!r}")
+            raise ConfigError(
+                f"model.dtype must be one of {', '.join(DTYPES)} (or unset), got {self.dtype!r}"
+            )
         if self.local_window is not None:
             window = self.local_window
             if self.family != "ar_video":
@@ -380,7 +382,9 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         if self.model.path == "?":  # no model section
-            raise ConfigError("model.path is required: the recipe has no model section (model: {family, path})")
+            raise ConfigError(
+                "model.path is required: the recipe has no model section (model: {family, path})"
+            )
         methods = {
             "ddpo": ("sd",),
             "flow_grpo": ("flow",),

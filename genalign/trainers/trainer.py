@@ -271,11 +271,10 @@ class Trainer:
         return batch
 
     def _window_steps(self, batch: RolloutBatch) -> torch.Tensor:
-        """LongTensor of the grid steps within the loss's and the strategy's windows (every step
-        without one): ``timestep_fraction`` keeps ``int(n * fraction)`` of these n, as DDPO and
-        Flow-GRPO take it of the sampling steps, not of the stochastic ones among them."""
+        """LongTensor of the grid steps within the loss's (ReFL) and the strategy's (B2-DiffuRL)
+        windows, every step without one: ``timestep_fraction`` keeps ``int(n * fraction)`` of these
+        n, as DDPO and Flow-GRPO take it of the sampling steps, not of the stochastic ones."""
         steps = torch.arange(batch.trajectory.num_steps)
-        # windows that restrict the steps: a loss's own (ReFL) and the strategy's (B2-DiffuRL)
         for window in (self.loss.train_steps(batch.trajectory.num_steps), batch.train_steps):
             if window is not None:
                 steps = steps[torch.isin(steps, window.to(steps.device))]

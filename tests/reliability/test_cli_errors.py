@@ -107,3 +107,55 @@ def test_disk_full_and_unexpected_errors_read_as_one_line():
         unexpected.startswith("RuntimeError: reward returned scores of shape (3,)")
         and "--debug" in unexpected
     )
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["reno", "./no/such/model", "--prompt", "x"], "model folder ./no/such/model does not exist"),
+        (["sample", "./no/such/model", "--prompt", "x"], "model folder ./no/such/model does not exist"),
+        (
+            ["rlg", "./no/such/model", "--rl-lora", "x", "--prompt", "x"],
+            "model folder ./no/such/model does not exist",
+        ),
+    ],
+)
+def test_a_missing_local_model_is_named_not_blamed_on_the_hub(argv, message, tmp_path, capsys):
+    # found by a new user: these had reported a failed connection to huggingface.co
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert message in _one_line_error(capsys)
+
+
+def test_rlg_names_a_missing_lora(tmp_path, capsys):
+    argv = [
+        "rlg",
+        "tiny:sd",
+        "--rl-lora",
+        "./runs/nosuch/final",
+        "--prompt",
+        "x",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after tiny:sd's first build, if any
+    assert last == "genalign: error: --rl-lora ./runs/nosuch/final does not exist"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reno", "tiny:lcm", "--prompt", "x", "--steps", "0"],
+        ["rlg", "tiny:sd", "--rl-lora", "x", "--prompt", "x", "--num-images", "0"],
+        ["rlg", "tiny:sd", "--rl-lora", "x", "--prompt", "x", "--steps", "0"],
+    ],
+)
+def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_debug_after_the_subcommand_shows_the_traceback(tmp_path):
+    with pytest.raises(ConfigError, match="train.num_steps"):
+        main(_train(tmp_path, "train.num_steps=x", "--debug"))
