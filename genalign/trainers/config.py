@@ -375,7 +375,7 @@ class RecipeConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="?"))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    prompts: PromptsConfig = field(default_factory=lambda: PromptsConfig(prompts=["a photo"]))
+    prompts: PromptsConfig | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     rewriter: RewriterConfig | None = None
@@ -384,6 +384,10 @@ class RecipeConfig:
         if self.model.path == "?":  # no model section
             raise ConfigError(
                 "model.path is required: the recipe has no model section (model: {family, path})"
+            )
+        if self.prompts is None:  # it had trained on one default prompt, "a photo"
+            raise ConfigError(
+                "prompts is required: the recipe has no prompts section (prompts: {file: ...} or {prompts: [...]})"
             )
         methods = {
             "ddpo": ("sd",),

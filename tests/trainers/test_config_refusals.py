@@ -150,3 +150,6 @@ def test_a_recipe_without_a_model_section_says_so(tmp_path):
     recipe.write_text("# nothing yet\nname: x\n")
     with pytest.raises(ConfigError, match="model.path is required: the recipe has no model section"):
         load_recipe(recipe)
+    recipe.write_text("name: x\nmodel: {family: sd, path: tiny:sd}\n")  # it had trained on "a photo"
+    with pytest.raises(ConfigError, match="prompts is required: the recipe has no prompts section"):
+        load_recipe(recipe)
