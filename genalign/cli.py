@@ -256,7 +256,7 @@ def cmd_rlg(args: argparse.Namespace) -> int:
     pipe.set_progress_bar_config(disable=True)
     if looks_like_local_path(args.rl_lora) and not Path(args.rl_lora).exists():  # not a hub repo id
         raise FileNotFoundError(f"--rl-lora {args.rl_lora} does not exist")
-    pipe.load_lora_weights(args.rl_lora, adapter_name="rl")
+    pipe.load_rl_lora(args.rl_lora)
     kwargs = {"num_inference_steps": args.steps} if args.steps else {}
     if args.guidance_scale is not None:
         kwargs["guidance_scale"] = args.guidance_scale

@@ -38,7 +38,6 @@ log-prob under the current weights (clean context of the recorded video, the rec
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,22 +51,11 @@ from genalign.policies.trajectory import Trajectory
 from genalign.policies.video_kv_cache import LocalWindow, VideoKVCache, block_kv_cache, causal_forward
 from genalign.sampling import StepOutput
 from genalign.sampling.self_forcing import self_forcing_step, self_forcing_timesteps, uniform_denoising_steps
+from genalign.utils.quiet import quiet_messages
 
 __all__ = ["ARVideoPolicy"]
 
 NUM_TRAIN_TIMESTEPS = 1000
-
-
-class _DropMessage(logging.Filter):
-    """Drops log records whose message starts with ``prefix`` and contains ``part``."""
-
-    def __init__(self, prefix: str, part: str) -> None:
-        super().__init__()
-        self.prefix, self.part = prefix, part
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith(self.prefix) and self.part in message)
 
 
 class ARVideoPolicy(DiffusionPolicy):
@@ -120,13 +108,10 @@ class ARVideoPolicy(DiffusionPolicy):
         """:meth:`DiffusionPolicy.load_pipeline`, without diffusers' warning that a CLIP text tower
         is not the UMT5 the SkyReels pipeline names: the toy video generators condition on toy-clip's
         text tower by design (their cards), which a user cannot and need not change."""
-        pipeline_logger = logging.getLogger("diffusers.pipelines.pipeline_utils")
-        quiet = _DropMessage("Expected types for text_encoder", "CLIPTextModel")
-        pipeline_logger.addFilter(quiet)
-        try:
+        with quiet_messages(
+            ["diffusers.pipelines.pipeline_utils"], "Expected types for text_encoder", "CLIPTextModel"
+        ):
             return super().load_pipeline(path, **kwargs)
-        finally:
-            pipeline_logger.removeFilter(quiet)
 
     # ---- the model's shape -----------------------------------------------------------------------
     @property

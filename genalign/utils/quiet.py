@@ -15,9 +15,11 @@ those loggers still shows.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 
-__all__ = ["STARTUP_NOISE", "silence_startup_noise"]
+__all__ = ["STARTUP_NOISE", "quiet_messages", "silence_startup_noise"]
 
 # logger name -> message fragments dropped from it
 STARTUP_NOISE: dict[str, tuple[str, ...]] = {
@@ -42,3 +44,29 @@ def silence_startup_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(fragments))
+
+
+class _DropMatching(logging.Filter):
+    """Drops a record whose message contains every one of ``fragments``."""
+
+    def __init__(self, fragments: tuple[str, ...]) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not all(fragment in message for fragment in self.fragments)
+
+
+@contextlib.contextmanager
+def quiet_messages(logger_names: Sequence[str], *fragments: str) -> Iterator[None]:
+    """While the block runs, drop the records of ``logger_names`` whose message holds every one of
+    ``fragments`` (a third-party notice a user cannot act on, only where genalign knows it is moot)."""
+    loggers, quiet = [logging.getLogger(name) for name in logger_names], _DropMatching(fragments)
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)

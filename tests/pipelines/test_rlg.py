@@ -4,6 +4,7 @@ FLUX and SANA."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -197,6 +198,40 @@ def test_lora_file_loaded_with_load_lora_weights(family, tmp_path):
     pipe.load_lora_weights(str(tmp_path / "lora"), adapter_name="rl")
     torch.testing.assert_close(_run(pipe, rlg_scale=0.0, **kwargs), expected_base, atol=1e-6, rtol=0)
     torch.testing.assert_close(_run(pipe, rlg_scale=1.0, **kwargs), expected_rl, atol=1e-6, rtol=0)
+
+
+def test_load_rl_lora_is_quiet_for_a_denoiser_lora_and_names_a_wrong_one(tmp_path):
+    sd = sd_pipeline(seed=0)
+    _add_lora(sd.unet)
+    StableDiffusionPipeline.save_lora_weights(
+        tmp_path / "sd_lora", unet_lora_layers=get_peft_model_state_dict(sd.unet)
+    )
+    pipe = RLGPipeline.from_pipe(sd_pipeline(seed=0))
+    notices: list[str] = []
+    recorder = logging.Handler()
+    recorder.emit = lambda record: notices.append(record.getMessage())
+    lora_logger = logging.getLogger("diffusers.loaders.lora_base")
+    lora_logger.addHandler(recorder)
+    try:
+        pipe.load_rl_lora(str(tmp_path / "sd_lora"))
+        assert not [m for m in notices if "No LoRA keys" in m]  # a denoiser-only LoRA: the notice is moot
+        other = RLGPipeline.from_pipe(sd_pipeline(seed=0))
+        other.load_lora_weights(str(tmp_path / "sd_lora"), adapter_name="rl")
+        assert [m for m in notices if "No LoRA keys" in m]  # what the plain call prints
+    finally:
+        lora_logger.removeHandler(recorder)
+    assert pipe.rl_denoiser is None and pipe.get_active_adapters() == ["rl"]
+    # an SD LoRA on an SDXL pipeline: one line naming both, not 28 size mismatches
+    sdxl = RLGPipeline.from_pipe(sdxl_pipeline(seed=0))
+    with pytest.raises(
+        ValueError, match=r"the LoRA .*sd_lora does not fit this RLGStableDiffusionXLPipeline: "
+    ) as error:
+        sdxl.load_rl_lora(str(tmp_path / "sd_lora"))
+    assert "\n" not in str(error.value)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match="is a training checkpoint; pass the run's final/ folder"):
+        pipe.load_rl_lora(str(tmp_path / "checkpoint"))
 
 
 def test_text_encoder_lora_is_disabled_in_the_reference_branch():

@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,6 +21,7 @@ from diffusers.utils import BaseOutput
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from genalign.pipelines.guidance import apply_guidance, rlg_combine
+from genalign.utils.quiet import quiet_messages
 
 __all__ = [
     "Branch",
@@ -217,6 +219,21 @@ class RLGMixin(abc.ABC):
     @property
     def rl_denoiser(self) -> torch.nn.Module | None:
         return getattr(self, self._rl_denoiser_name, None)
+
+    def load_rl_lora(self, path: str, adapter_name: str = "rl") -> None:
+        """``load_lora_weights(path, adapter_name)`` for the RL model, with one-line errors: a
+        training checkpoint folder, or a LoRA whose layers do not fit this pipeline, is named as
+        such; diffusers' notice that the LoRA has no text-encoder keys (a denoiser-only LoRA, what
+        genalign trains) is dropped."""
+        if (Path(path) / "meta.json").is_file():
+            raise ValueError(f"{path} is a training checkpoint; pass the run's final/ folder")
+        notices = ["diffusers.loaders.lora_base", "diffusers.loaders.peft"]
+        try:
+            with quiet_messages(notices, "No LoRA keys associated"):
+                self.load_lora_weights(path, adapter_name=adapter_name)
+        except (RuntimeError, ValueError, KeyError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"the LoRA {path} does not fit this {type(self).__name__}: {first}") from error
 
     def _lora_layers(self) -> list[BaseTunerLayer]:
         """Every peft adapter layer of every component (denoiser and text encoders), however
