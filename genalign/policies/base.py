@@ -166,6 +166,11 @@ class DiffusionPolicy(torch.nn.Module):
         if dtype is not None:
             pipeline_kwargs.setdefault("torch_dtype", dtype)
         pipeline = cls.load_pipeline(path, **pipeline_kwargs)
+        if getattr(pipeline, cls.denoiser_name, None) is None:  # another family's pipeline
+            raise ValueError(
+                f"model {path} is a {type(pipeline).__name__} without a {cls.denoiser_name!r}: not a "
+                f"pipeline of the {cls.family!r} family (model.family)"
+            )
         return cls.for_pipeline(pipeline)(pipeline, lora=lora, train=train, device=device, dtype=dtype)
 
     @classmethod

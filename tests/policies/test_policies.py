@@ -245,3 +245,12 @@ def test_consistency_policy_runs_a_turbo_style_unet_without_guidance_embedding()
     multi = policy.rollout(PROMPTS, num_inference_steps=3, guidance_scale=2.0, generator=5)
     torch.testing.assert_close(policy.log_prob(multi), multi.log_probs, atol=0, rtol=0)
     assert (multi.log_probs[:, :-1] != 0).all()
+
+
+def test_a_model_of_another_family_is_named_not_an_attribute_error():
+    # found by a new user: model.path=tiny:flux under model.family sd failed with
+    # "'SDPolicy' object has no attribute 'denoiser'"
+    with pytest.raises(
+        ValueError, match="is a FluxPipeline without a 'unet': not a pipeline of the 'sd' family"
+    ):
+        load_policy("sd", "tiny:flux", lora=None)
