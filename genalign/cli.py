@@ -109,6 +109,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "logging.resume=latest"
             )
         return 128 + int(trainer.interrupted)
+    ran = [m for m in history if m.get("step", -1) >= 0]
+    if ran and all(m.get("skipped") for m in ran):  # nothing reached the weights: not a success
+        print(f"genalign: error: every step was skipped ({ran[0].get('skip_reason', '?')})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -105,3 +105,15 @@ def test_sigterm_mid_step_in_a_subprocess(tmp_path, straight):
     assert "interrupted" in result.stdout and "resume=latest" in result.stdout, result.stdout
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint-00000002"]
     _resume_and_compare(run, straight)
+
+
+def test_a_run_whose_every_step_is_skipped_does_not_exit_as_a_success(tmp_path, monkeypatch, capsys):
+    # found by a new user: every reward NaN, nothing trained, exit code 0
+    from genalign.cli import main
+
+    monkeypatch.setenv("GENALIGN_TEST_FAULT", "0:nan")
+    argv = ["train", str(TINY_SD), *SMALL, "train.num_steps=1", FAULTY, f"logging.run_dir={tmp_path}/run"]
+    assert main(argv) == 2
+    assert "genalign: error: every step was skipped (" in capsys.readouterr().err
+    monkeypatch.setenv("GENALIGN_TEST_FAULT", "-1:none")  # the same run with finite rewards succeeds
+    assert main([*argv[:-1], f"logging.run_dir={tmp_path}/ok"]) == 0
