@@ -294,7 +294,13 @@ class PromptsConfig:
         path = self._resolve(self.file, base_dir)
         if not path.is_file():
             raise FileNotFoundError(f"prompts.file not found: {path}")
-        lines = [line.strip() for line in path.read_text().splitlines()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                f"prompts.file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+            ) from error
+        lines = [line.strip() for line in text.splitlines()]
         prompts = [line for line in lines if line and not line.startswith("#")]
         if not prompts:
             raise ConfigError(f"prompts.file {path} holds no prompts")

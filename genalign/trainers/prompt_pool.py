@@ -123,11 +123,16 @@ def read_prompt_records(path: str | Path) -> PromptPool:
     image paths relative to the file's folder). Blank lines are skipped."""
     path = Path(path)
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{number}: not JSON: {error}") from error
-    return records_to_pool(records, base_dir=path.parent)
+        if not isinstance(records[-1], dict) or "prompt" not in records[-1]:
+            raise ValueError(f"{path}:{number}: a prompt record needs a 'prompt' key")
+    try:
+        return records_to_pool(records, base_dir=path.parent)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error

@@ -153,3 +153,17 @@ def test_a_recipe_without_a_model_section_says_so(tmp_path):
     recipe.write_text("name: x\nmodel: {family: sd, path: tiny:sd}\n")  # it had trained on "a photo"
     with pytest.raises(ConfigError, match="prompts is required: the recipe has no prompts section"):
         load_recipe(recipe)
+
+
+def test_prompt_files_name_themselves_and_the_line(tmp_path):
+    from genalign.trainers.prompt_pool import read_prompt_records
+
+    binary = tmp_path / "prompts.txt"
+    binary.write_bytes(b"a red circle\n\xff\xfe\n")
+    config = load_recipe(DDPO, [f"prompts.file={binary}", "prompts.prompts=[]"])
+    with pytest.raises(ConfigError, match=r"prompts\.file .*prompts\.txt is not UTF-8 text"):
+        config.prompts.load()
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"prompt": "a"}\n\n{"caption": "b"}\n')
+    with pytest.raises(ValueError, match=r"records\.jsonl:3: a prompt record needs a 'prompt' key"):
+        read_prompt_records(records)
