@@ -29,13 +29,16 @@ STARTUP_NOISE: dict[str, tuple[str, ...]] = {
 
 
 class _DropMessages(logging.Filter):
-    def __init__(self, fragments: tuple[str, ...]) -> None:
+    """Drops a record whose message holds any of ``fragments`` (every one of them: ``every``)."""
+
+    def __init__(self, fragments: tuple[str, ...], every: bool = False) -> None:
         super().__init__()
-        self.fragments = fragments
+        self.fragments, self.every = fragments, every
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not any(fragment in message for fragment in self.fragments)
+        found = (fragment in message for fragment in self.fragments)
+        return not (all(found) if self.every else any(found))
 
 
 def silence_startup_noise() -> None:
@@ -46,23 +49,11 @@ def silence_startup_noise() -> None:
             logger.addFilter(_DropMessages(fragments))
 
 
-class _DropMatching(logging.Filter):
-    """Drops a record whose message contains every one of ``fragments``."""
-
-    def __init__(self, fragments: tuple[str, ...]) -> None:
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not all(fragment in message for fragment in self.fragments)
-
-
 @contextlib.contextmanager
 def quiet_messages(logger_names: Sequence[str], *fragments: str) -> Iterator[None]:
     """While the block runs, drop the records of ``logger_names`` whose message holds every one of
     ``fragments`` (a third-party notice a user cannot act on, only where genalign knows it is moot)."""
-    loggers, quiet = [logging.getLogger(name) for name in logger_names], _DropMatching(fragments)
+    loggers, quiet = [logging.getLogger(name) for name in logger_names], _DropMessages(fragments, every=True)
     for logger in loggers:
         logger.addFilter(quiet)
     try:

@@ -319,7 +319,7 @@ def test_loading_the_toy_generator_prints_no_warning_a_user_cannot_act_on():
     import logging
     from pathlib import Path
 
-    from genalign.utils.quiet import _DropMatching
+    from genalign.utils.quiet import _DropMessages
 
     folder = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-ar-video"
     pipeline_logger = logging.getLogger("diffusers.pipelines.pipeline_utils")
@@ -333,4 +333,4 @@ def test_loading_the_toy_generator_prints_no_warning_a_user_cannot_act_on():
         pipeline_logger.removeHandler(recorder)
     assert policy.block_size == 2
     assert not [m for m in seen if m.startswith("Expected types")]
-    assert not [f for f in pipeline_logger.filters if isinstance(f, _DropMatching)]  # only while loading
+    assert not [f for f in pipeline_logger.filters if isinstance(f, _DropMessages)]  # only while loading

@@ -33,23 +33,25 @@ def _loss(tmp_path, overrides=()) -> AstrolabeLoss:
     return AstrolabeLoss(config.train)
 
 
-def test_a_one_block_video_gives_the_nft_x0_loss(video_policy, tmp_path):
-    policy = video_policy
-    trajectory = policy.rollout(["a red circle"], group_size=3, generator=0, num_frames=2, **SIZE)
-    loss = _loss(tmp_path, ["train.astrolabe.kl_weight=0"])
-    loss.begin_step(7)
-    loss._ensure_old(policy)
-    with torch.no_grad():  # the old policy differs from the current one
-        for old in loss.old_parameters:
-            old.add_(0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(old.numel())))
-    advantages = torch.tensor([2.0, -1.0, 0.5])
-    timestep, t = loss.draw_level()
-    value, metrics = loss(policy, trajectory, torch.zeros(3, dtype=torch.long), advantages)
-    # independently: one block of 2 frames, x_t = (1 - t) x0 + t eps, x0_hat = x_t - t v
+def _record_levels(policy, monkeypatch) -> list[torch.Tensor]:
+    """The per-frame levels of every ``predict_video_x0`` call, in call order."""
+    seen: list[torch.Tensor] = []
+    predict = type(policy).predict_video_x0
+    monkeypatch.setattr(
+        type(policy),
+        "predict_video_x0",
+        lambda self, x, levels, c: seen.append(levels) or predict(self, x, levels, c),
+    )
+    return seen
+
+
+def _nft_x0_loss(policy, loss, trajectory, t, levels, call, step, advantages) -> torch.Tensor:
+    """The loss computed independently: x_t = (1 - t) x0 + t eps with the loss call's keyed noise,
+    x0_hat = x_t - t v of the old and the trained model, then DiffusionNFT's x0 form (no adaptive
+    weighting, no c/beta), averaged over the batch. ``t``: a float or ``[B, 1, 1, 1, 1]``."""
     x0 = trajectory.latents[:, -1]
-    eps = seeded_noise(trajectory.seeds, torch.zeros(3, dtype=torch.long), x0.shape[1:], step=7)
+    eps = seeded_noise(trajectory.seeds, torch.full((len(x0),), call), x0.shape[1:], step=step)
     x_t = (1 - t) * x0 + t * eps
-    levels = torch.full((3, 2), float(timestep))
     with torch.no_grad(), loss.old_policy(policy):
         x0_old = x_t - t * policy.transformer_output(x_t, levels, trajectory.conditioning)
     x0_theta = x_t - t * policy.transformer_output(x_t, levels, trajectory.conditioning)
@@ -65,20 +67,30 @@ def test_a_one_block_video_gives_the_nft_x0_loss(video_policy, tmp_path):
         adaptive_weighting=False,
         clip_over_beta=False,
     )
-    torch.testing.assert_close(value, per_sample.mean())
+    return per_sample.mean()
+
+
+def test_a_one_block_video_gives_the_nft_x0_loss(video_policy, tmp_path):
+    policy = video_policy
+    trajectory = policy.rollout(["a red circle"], group_size=3, generator=0, num_frames=2, **SIZE)
+    loss = _loss(tmp_path, ["train.astrolabe.kl_weight=0"])
+    loss.begin_step(7)
+    loss._ensure_old(policy)
+    with torch.no_grad():  # the old policy differs from the current one
+        for old in loss.old_parameters:
+            old.add_(0.05 * torch.randn(old.shape, generator=torch.Generator().manual_seed(old.numel())))
+    advantages = torch.tensor([2.0, -1.0, 0.5])
+    timestep, t = loss.draw_level()
+    value, metrics = loss(policy, trajectory, torch.zeros(3, dtype=torch.long), advantages)
+    levels = torch.full((3, 2), float(timestep))
+    torch.testing.assert_close(value, _nft_x0_loss(policy, loss, trajectory, t, levels, 0, 7, advantages))
     assert float(metrics["astrolabe_timestep"]) == timestep and timestep in (1000, 750, 500, 250)
 
 
 def test_one_level_per_call_for_every_frame_keyed_by_step_and_call(video_policy, tmp_path, monkeypatch):
     policy = video_policy
     trajectory = policy.rollout(["a blue square"], group_size=2, generator=1, num_frames=4, **SIZE)
-    seen = []
-    predict = type(policy).predict_video_x0
-    monkeypatch.setattr(
-        type(policy),
-        "predict_video_x0",
-        lambda self, x, levels, c: seen.append(levels) or predict(self, x, levels, c),
-    )
+    seen = _record_levels(policy, monkeypatch)
     loss = _loss(tmp_path)
     draws = []
     for step in (3, 3, 4):
@@ -99,13 +111,7 @@ def test_one_level_per_device_batch_of_rows(video_policy, tmp_path, monkeypatch)
     policy = video_policy
     trajectory = policy.rollout(["a red circle"], group_size=4, generator=3, num_frames=2, **SIZE)
     loss = _loss(tmp_path, ["train.astrolabe.device_batch_size=1", "train.astrolabe.kl_weight=0"])
-    seen = []
-    predict = type(policy).predict_video_x0
-    monkeypatch.setattr(
-        type(policy),
-        "predict_video_x0",
-        lambda self, x, levels, c: seen.append(levels) or predict(self, x, levels, c),
-    )
+    seen = _record_levels(policy, monkeypatch)
     advantages = torch.tensor([2.0, -1.0, 0.5, 0.0])
     rows = set()
     for call in range(4):
@@ -118,25 +124,8 @@ def test_one_level_per_device_batch_of_rows(video_policy, tmp_path, monkeypatch)
         assert levels.tolist() == [[level] * 2 for level, _ in drawn]
         rows.add(tuple(level for level, _ in drawn))
         t = torch.tensor([t for _, t in drawn]).reshape(4, 1, 1, 1, 1)
-        x0 = trajectory.latents[:, -1]
-        eps = seeded_noise(trajectory.seeds, torch.full((4,), call), x0.shape[1:], step=5)
-        x_t = (1 - t) * x0 + t * eps
-        with torch.no_grad(), loss.old_policy(policy):
-            x0_old = x_t - t * policy.transformer_output(x_t, levels.float(), trajectory.conditioning)
-        x0_theta = x_t - t * policy.transformer_output(x_t, levels.float(), trajectory.conditioning)
-        per_sample, _ = nft_loss_in_x0(
-            x0_theta,
-            x0_old,
-            x0,
-            x0_theta,
-            x0_old,
-            x0,
-            advantages,
-            beta=0.1,
-            adaptive_weighting=False,
-            clip_over_beta=False,
-        )
-        torch.testing.assert_close(value, per_sample.mean())
+        expected = _nft_x0_loss(policy, loss, trajectory, t, levels.float(), call, 5, advantages)
+        torch.testing.assert_close(value, expected)
     assert any(len(set(levels)) > 1 for levels in rows)  # rows of one call at different levels
     with pytest.raises(ConfigError, match="train.astrolabe.device_batch_size must be positive"):
         _loss(tmp_path, ["train.astrolabe.device_batch_size=0"])
