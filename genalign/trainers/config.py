@@ -291,20 +291,9 @@ class PromptsConfig:
             return list(self.prompts)
         if self.records or self.source:
             return self._load_pool(base_dir)
-        path = self._resolve(self.file, base_dir)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompts.file not found: {path}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as error:
-            raise ConfigError(
-                f"prompts.file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
-            ) from error
-        lines = [line.strip() for line in text.splitlines()]
-        prompts = [line for line in lines if line and not line.startswith("#")]
-        if not prompts:
-            raise ConfigError(f"prompts.file {path} holds no prompts")
-        return prompts
+        from genalign.trainers.prompt_pool import read_prompt_file
+
+        return read_prompt_file(self._resolve(self.file, base_dir))
 
     def _load_pool(self, base_dir: Path | None) -> list[str]:
         """A :class:`~genalign.trainers.prompt_pool.PromptPool` from ``records`` or ``source``."""
@@ -387,14 +376,10 @@ class RecipeConfig:
     rewriter: RewriterConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.model.path == "?":  # no model section
-            raise ConfigError(
-                "model.path is required: the recipe has no model section (model: {family, path})"
-            )
-        if self.prompts is None:  # it had trained on one default prompt, "a photo"
-            raise ConfigError(
-                "prompts is required: the recipe has no prompts section (prompts: {file: ...} or {prompts: [...]})"
-            )
+        # sections without defaults: "?" is ModelConfig's placeholder; no prompts had meant "a photo"
+        for key, missing in (("model.path", self.model.path == "?"), ("prompts", self.prompts is None)):
+            if missing:
+                raise ConfigError(f"{key} is required: the recipe has no {key.split('.')[0]} section")
         methods = {
             "ddpo": ("sd",),
             "flow_grpo": ("flow",),

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from genalign.config import ConfigError
+
 __all__ = ["PromptPool", "read_prompt_records", "records_to_pool"]
 
 # JSON-lines keys and the metadata column each fills
@@ -116,6 +118,24 @@ def records_to_pool(records: Sequence[dict[str, Any]], base_dir: Path | None = N
         else:
             metadata[RECORD_KEYS.get(key, key)] = column
     return PromptPool([record["prompt"] for record in records], metadata)
+
+
+def read_prompt_file(path: Path) -> list[str]:
+    """``prompts.file``: one prompt per line, blank lines and ``#`` comments skipped; a missing,
+    non-UTF-8 or empty file raises naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts.file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"prompts.file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from error
+    prompts = [line.strip() for line in text.splitlines()]
+    prompts = [line for line in prompts if line and not line.startswith("#")]
+    if not prompts:
+        raise ConfigError(f"prompts.file {path} holds no prompts")
+    return prompts
 
 
 def read_prompt_records(path: str | Path) -> PromptPool:

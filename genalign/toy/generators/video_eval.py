@@ -3,12 +3,13 @@ interval (the numbers of toy-ar-video's card)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from genalign.toy.evaluation import paired_change_interval
 from genalign.toy.training import torch_threads
 from genalign.toy.video.captions import VIDEO_CATEGORIES
 from genalign.toy.video.prompts import VideoPromptSpec, video_prompts_for
@@ -41,10 +42,23 @@ def video_eval_items(
 
 
 def accuracy_interval(correct: list[float], categories: list[str]) -> tuple[float, float, float]:
-    """The mean-of-categories accuracy and its 95% normal interval, stratified by category:
-    :func:`~genalign.toy.evaluation.paired_change_interval` from an all-zero "before"
-    (``acc ± 1.96 sqrt(Σ_c s_c² / n_c) / K``)."""
-    return paired_change_interval([0.0] * len(correct), correct, categories)
+    """The mean-of-categories accuracy and its 95% interval, stratified by category: Agresti-Coull
+    per category (``p~_c = (x_c + z²/2) / (n_c + z²)``, variance ``p~_c (1 - p~_c) / (n_c + z²)``),
+    centre ``(1/K) Σ_c p~_c`` ± ``z sqrt(Σ_c v_c) / K``, clipped to [0, 1]. A category where every
+    video is wrong (or right) keeps a width, where a plain normal interval reads [0, 0]."""
+    z = 1.959964
+    labels = np.asarray(categories)
+    values = np.asarray(correct, dtype=np.float64)
+    means, centres, variances = [], [], []
+    for category in dict.fromkeys(categories):
+        x = values[labels == category]
+        shrunk = (x.sum() + z * z / 2) / (len(x) + z * z)
+        means.append(x.mean())
+        centres.append(shrunk)
+        variances.append(shrunk * (1 - shrunk) / (len(x) + z * z))
+    k = len(means)
+    centre, half = sum(centres) / k, z * math.sqrt(sum(variances)) / k
+    return float(sum(means) / k), max(0.0, centre - half), min(1.0, centre + half)
 
 
 SAMPLERS = ("self_forcing", "ode")
