@@ -148,7 +148,8 @@ def paired_change_interval(
     ``c~ = (c_c + 1) / (n_c + 2)``, centre ``(1/K) Σ_c (c~ - b~)`` and variance
     ``Σ_c (b~ + c~ - (c~ - b~)²) / (n_c + 2) / K²``. It keeps its width when few or no images change
     (a plain paired interval is then [0, 0], and undercovers at 1-5% discordant images), and
-    ``change`` stays the raw difference. Images are treated as independent (several seeds of one
+    ``change`` stays the raw difference; the interval is centred on the adjusted difference, so in
+    tiny categories where most images changed it need not hold the raw one. Images are treated as independent (several seeds of one
     prompt share it); a category with fewer than 2 images makes the interval NaN.
     Returns ``(change, low, high)``.
     """

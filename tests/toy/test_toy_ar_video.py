@@ -111,13 +111,16 @@ def test_eval_items_and_the_accuracy_interval():
     assert len({p.category for p, _ in items}) == 4
     accuracy, low, high = accuracy_interval([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
     assert accuracy == pytest.approx(0.75)  # mean of categories: (0.5 + 1) / 2
-    # Agresti-Coull per category, by hand: p~ = (x + z^2/2) / (n + z^2), v = p~ (1 - p~) / (n + z^2)
+    # Agresti-Coull's variance per category, by hand: p~ = (x + z^2/2) / (n + z^2), v = p~ (1 - p~) / (n + z^2)
     z2 = 1.959964**2
     pa, pb = (1 + z2 / 2) / (2 + z2), (2 + z2 / 2) / (2 + z2)
-    centre, se = (pa + pb) / 2, ((pa * (1 - pa) + pb * (1 - pb)) / (2 + z2)) ** 0.5 / 2
-    assert (low, high) == pytest.approx((centre - 1.959964 * se, centre + 1.959964 * se), rel=1e-5)
-    # nothing right in 160 videos: still an upper end above 0 (a normal interval reads [0, 0])
-    assert accuracy_interval([0.0] * 160, ["a"] * 160) == pytest.approx((0.0, 0.0, 0.0282), abs=5e-4)
+    se = ((pa * (1 - pa) + pb * (1 - pb)) / (2 + z2)) ** 0.5 / 2
+    assert (low, high) == pytest.approx((0.75 - 1.959964 * se, min(1.0, 0.75 + 1.959964 * se)), rel=1e-5)
+    # nothing right in 160 videos: still an upper end above 0 (p (1 - p) / n reads [0, 0]); one
+    # wrong video in each of four categories: the interval holds the estimate 0
+    assert accuracy_interval([0.0] * 160, ["a"] * 160) == pytest.approx((0.0, 0.0, 0.0165), abs=5e-4)
+    accuracy, low, high = accuracy_interval([0.0] * 4, ["a", "b", "c", "d"])
+    assert accuracy == 0.0 == low < high
 
 
 @pytest.mark.slow

@@ -42,23 +42,24 @@ def video_eval_items(
 
 
 def accuracy_interval(correct: list[float], categories: list[str]) -> tuple[float, float, float]:
-    """The mean-of-categories accuracy and its 95% interval, stratified by category: Agresti-Coull
-    per category (``p~_c = (x_c + z²/2) / (n_c + z²)``, variance ``p~_c (1 - p~_c) / (n_c + z²)``),
-    centre ``(1/K) Σ_c p~_c`` ± ``z sqrt(Σ_c v_c) / K``, clipped to [0, 1]. A category where every
-    video is wrong (or right) keeps a width, where a plain normal interval reads [0, 0]."""
+    """The mean-of-categories accuracy and its 95% interval, stratified by category: the accuracy ±
+    ``z sqrt(Σ_c v_c) / K`` with Agresti and Coull's variance per category
+    (``p~_c = (x_c + z²/2) / (n_c + z²)``, ``v_c = p~_c (1 - p~_c) / (n_c + z²)``), clipped to
+    [0, 1]. A category where every video is wrong (or right) keeps a width, where the plain
+    ``p (1 - p) / n`` reads [0, 0]; the interval is centred on the estimate, so it always holds it
+    (shrunk centres summed over several tiny categories need not)."""
     z = 1.959964
     labels = np.asarray(categories)
     values = np.asarray(correct, dtype=np.float64)
-    means, centres, variances = [], [], []
+    means, variances = [], []
     for category in dict.fromkeys(categories):
         x = values[labels == category]
         shrunk = (x.sum() + z * z / 2) / (len(x) + z * z)
         means.append(x.mean())
-        centres.append(shrunk)
         variances.append(shrunk * (1 - shrunk) / (len(x) + z * z))
     k = len(means)
-    centre, half = sum(centres) / k, z * math.sqrt(sum(variances)) / k
-    return float(sum(means) / k), max(0.0, centre - half), min(1.0, centre + half)
+    accuracy, half = float(sum(means) / k), z * math.sqrt(sum(variances)) / k
+    return accuracy, max(0.0, accuracy - half), min(1.0, accuracy + half)
 
 
 SAMPLERS = ("self_forcing", "ode")
