@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from genalign.policies import JointPolicy, LoRASpec, load_policy
+from genalign import policies
+from genalign.policies import JointPolicy, LoRASpec
 from genalign.trainers.losses.base import PolicyLoss
 from genalign.trainers.losses.joint import JointLoss
 from genalign.trainers.losses.token_ppo import TokenPPOLoss
@@ -42,7 +43,7 @@ def joint_policy_and_loss(
     trains = config.train.prompt_rewrite.trains
     train_rewriter = trains != "generator"
     lora = LoRASpec(**to_dict(spec.lora)) if spec.lora is not None and train_rewriter else None
-    rewriter = load_policy(
+    rewriter = policies.load_policy(  # looked up at call time, as build_trainer's own
         spec.family, spec.path, lora=lora, train=train_rewriter, dtype=spec.dtype, device=device
     )
     policy = JointPolicy({GENERATOR: generator, REWRITER: rewriter})
