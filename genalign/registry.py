@@ -10,6 +10,7 @@ name is first used, so a lower layer can list a component that lives in an upper
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -99,3 +100,22 @@ def import_object(path: str) -> Any:
         return getattr(module, attr)
     except AttributeError as error:
         raise ImportError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from error
+
+
+def unknown_option_message(factory: Any, options: Any, what: str) -> str | None:
+    """``"{what} takes no option 'x'; its options: ..."`` when ``options`` (names) holds a keyword
+    ``factory`` does not take; None when it takes them all, takes ``**kwargs`` or has no signature."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no signature to check against
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    accepted = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = [name for name in options if name not in accepted]
+    if not unknown:
+        return None
+    return (
+        f"{what} takes no option {', '.join(map(repr, unknown))}; its options: "
+        f"{', '.join(n for n in accepted if n != 'self') or '(none)'}"
+    )

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from genalign.policies.model_folder import check_model_folder, looks_like_local_path
+from genalign.policies.model_folder import check_model_folder, require_local_path
 from genalign.policies.rollout_args import check_group_size, per_sample_generators, validate_rollout_arguments
 from genalign.policies.trajectory import RolloutSettings, Trajectory
 
@@ -133,12 +133,9 @@ class DiffusionPolicy(torch.nn.Module):
 
     @classmethod
     def load_pipeline(cls, path: str | Path, **kwargs: Any) -> Any:
+        require_local_path(path)
         if Path(path).exists():
             check_model_folder(path)
-        elif looks_like_local_path(path):
-            raise FileNotFoundError(
-                f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
-            )
         from diffusers import DiffusionPipeline
 
         # Components saved as null (SD3 without T5, a pipeline without safety checker) must be

@@ -53,7 +53,7 @@ from genalign.policies.language_vision import (
     split_packed_inputs,
     stored_images,
 )
-from genalign.policies.model_folder import looks_like_local_path
+from genalign.policies.model_folder import require_local_path
 from genalign.policies.rollout_args import per_sample_generators, validate_rollout_arguments
 from genalign.policies.token_trajectory import TokenSettings, TokenTrajectory
 
@@ -270,13 +270,9 @@ class LanguagePolicy(torch.nn.Module):
             AutoTokenizer,
         )
 
-        if Path(path).exists():
-            if not (Path(path) / "config.json").is_file():
-                raise FileNotFoundError(f"{path} is not a transformers model folder: missing config.json")
-        elif looks_like_local_path(path):
-            raise FileNotFoundError(
-                f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
-            )
+        require_local_path(path)
+        if Path(path).exists() and not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a transformers model folder: missing config.json")
         dtype = _dtype(dtype)
         if dtype is not None:
             model_kwargs.setdefault("dtype", dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["check_model_folder", "looks_like_local_path"]
+__all__ = ["check_model_folder", "looks_like_local_path", "require_local_path"]
 
 
 def looks_like_local_path(path: str | Path) -> bool:
@@ -15,6 +15,15 @@ def looks_like_local_path(path: str | Path) -> bool:
     folder, which deserves that error rather than the hub's "could not connect"."""
     text = str(path)
     return text.startswith(("/", "./", "../", "~")) or "\\" in text or text.count("/") >= 2
+
+
+def require_local_path(path: str | Path) -> None:
+    """Raise naming ``path`` when it cannot be a hub id (:func:`looks_like_local_path`) and does not
+    exist, rather than letting the hub client report a failed download."""
+    if looks_like_local_path(path) and not Path(path).exists():
+        raise FileNotFoundError(
+            f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
+        )
 
 
 def check_model_folder(path: str | Path) -> None:

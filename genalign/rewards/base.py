@@ -15,7 +15,6 @@ it never crashes the batch. Non-finite scores (NaN or infinite) are counted in
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from genalign.registry import Registry
+from genalign.registry import Registry, unknown_option_message
 
 logger = logging.getLogger(__name__)
 
@@ -171,17 +170,9 @@ def load_reward(name: str, **kwargs: Any) -> Reward:
     ``ValueError``), raises ``ValueError`` naming the reward and its options, not the constructor's
     bare message."""
     cls = REWARDS.get(name)
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):  # no signature to check against
-        parameters = {}
-    if parameters and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        unknown = [key for key in kwargs if key not in parameters]
-        if unknown:
-            accepted = ", ".join(key for key in parameters if key != "self") or "(none)"
-            raise ValueError(
-                f"reward {name!r} takes no option {', '.join(map(repr, unknown))}; its options: {accepted}"
-            )
+    message = unknown_option_message(cls, kwargs, f"reward {name!r}")
+    if message is not None:
+        raise ValueError(message)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:

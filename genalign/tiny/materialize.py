@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from genalign.policies.model_folder import looks_like_local_path
+from genalign.policies.model_folder import require_local_path
 
 TINY_PREFIX = "tiny:"
 
@@ -94,10 +94,7 @@ def materialize(path: str | Path) -> str:
     raises naming it rather than letting the hub client report a failed download."""
     text = str(path)
     if not text.startswith(TINY_PREFIX):
-        if looks_like_local_path(text) and not Path(text).expanduser().exists():
-            raise FileNotFoundError(
-                f"model folder {text} does not exist (a hub id has the form 'organisation/name')"
-            )
+        require_local_path(text)
         return text
     name = text[len(TINY_PREFIX) :]
     builders = _builders()

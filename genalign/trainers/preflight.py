@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import math
 from typing import Any
 
 from genalign.config import ConfigError
-from genalign.registry import Registry, import_object
+from genalign.registry import Registry, import_object, unknown_option_message
 
 __all__ = ["check_recipe_names", "check_train_settings", "resolve_name"]
 
@@ -54,19 +53,9 @@ def resolve_name(registry: Registry, name: str, key: str) -> Any:
 
 def check_options(factory: Any, options: dict[str, Any], key: str, what: str) -> None:
     """Raise naming ``key`` when ``options`` holds a keyword ``factory`` does not take."""
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # no signature to check against
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    accepted = [n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
-    unknown = [name for name in options if name not in accepted]
-    if unknown:
-        raise ConfigError(
-            f"{key}: {what} takes no option {', '.join(map(repr, unknown))}; its options: "
-            f"{', '.join(n for n in accepted if n != 'self') or '(none)'}"
-        )
+    message = unknown_option_message(factory, options, what)
+    if message is not None:
+        raise ConfigError(f"{key}: {message}")
 
 
 def _check_reward_class(entry: Any, key: str, base: type) -> None:

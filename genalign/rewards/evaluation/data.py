@@ -67,12 +67,9 @@ TASK_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ranking": (("prompt", "images", "ranks"), ("category", "split", "id", "group")),
     "mos": (("image", "mos"), ("prompt", "category", "split", "id", "cluster")),
 }
-# the columns every row of a task must hold (the first row's columns are checked by check_columns)
-_ROW_COLUMNS = {
-    "preference": ("image_0", "image_1", "label"),
-    "ranking": ("images", "ranks"),
-    "mos": ("image", "mos"),
-}
+# the columns every row of a task must hold: the required ones but the prompt, which a row may lack
+# (the first row's columns are checked by check_columns)
+_ROW_COLUMNS = {task: tuple(c for c in columns[0] if c != "prompt") for task, columns in TASK_COLUMNS.items()}
 PRESETS: dict[str, dict[str, Any]] = {
     "pickapic": {
         "task": "preference",

@@ -220,12 +220,10 @@ def draw_prompt_groups(
     pool: list[str], prompts_per_step: int, group_size: int, generator: torch.Generator
 ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
     """``prompts_per_step`` prompts drawn from ``pool`` (:func:`draw_pool_rows`), each repeated
-    ``group_size`` times, their group ids ``[B]`` and one seed per sample ``[B]`` (all global)."""
-    choice = draw_pool_rows(len(pool), prompts_per_step, group_size, generator)
-    prompts = [pool[int(i)] for i in choice for _ in range(group_size)]
-    group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
-    seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator)
-    return prompts, group_ids, seeds
+    ``group_size`` times, their group ids ``[B]`` and one seed per sample ``[B]`` (all global):
+    :func:`draw_indexed_groups`' draw, its rows read from ``pool``."""
+    rows, group_ids, seeds = draw_indexed_groups(len(pool), prompts_per_step, group_size, generator)
+    return [pool[int(i)] for i in rows], group_ids, seeds
 
 
 def draw_step_groups(
@@ -244,9 +242,8 @@ def draw_step_groups(
 def draw_indexed_groups(
     pool_size: int, prompts_per_step: int, group_size: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The draw of :func:`draw_prompt_groups` as pool rows: ``[B]`` row of each sample, ``[B]``
-    group ids and ``[B]`` seeds (the same random calls, so the same prompts and seeds for the
-    same generator)."""
+    """A step's draw as pool rows (:func:`draw_pool_rows`): ``[B]`` row of each sample, ``[B]``
+    group ids and ``[B]`` seeds."""
     choice = draw_pool_rows(pool_size, prompts_per_step, group_size, generator)
     indices = choice.repeat_interleave(group_size)
     group_ids = torch.arange(prompts_per_step).repeat_interleave(group_size)
