@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from genalign.algorithms import group_reward_statistics
+from genalign.config import to_dict
 from genalign.policies import DiffusionPolicy, JointPolicy, LanguagePolicy
 from genalign.rewards import Reward
 from genalign.trainers.checkpoint import latest_checkpoint
@@ -473,7 +474,7 @@ class Trainer:
             self._truncate_metrics(self.step)
         if self.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "recipe.json").write_text(json.dumps(_plain(config), indent=2))
+            (self.run_dir / "recipe.json").write_text(json.dumps(to_dict(config), indent=2))
         if config.logging.trackers:
             self.accelerator.init_trackers(config.name, config={"fingerprint": self.fingerprint})
         bar = progress_bar(
@@ -560,12 +561,6 @@ def make_accelerator(config: RecipeConfig) -> Any:
     )
 
 
-def _plain(config: Any) -> Any:
-    from genalign.config import to_dict
-
-    return to_dict(config)
-
-
 def build_trainer(
     config: RecipeConfig, base_dir: Path | None = None, accelerator: Any | None = None
 ) -> Trainer:
@@ -575,11 +570,14 @@ def build_trainer(
     from genalign.trainers.joint_recipe import generator_training, joint_policy_and_loss
     from genalign.trainers.losses import LOSSES
     from genalign.trainers.preflight import check_recipe_names
+    from genalign.trainers.recipe_paths import resolve_recipe_paths
     from genalign.trainers.strategies import STRATEGIES
 
     check_recipe_names(config)  # every registry name, before any model loads
-    model = config.model
-    lora = LoRASpec(**_plain(model.lora)) if model.lora is not None else None
+    # what is loaded: relative paths missing from the working directory come from the recipe's folders
+    loaded = resolve_recipe_paths(config, base_dir)
+    model = loaded.model
+    lora = LoRASpec(**to_dict(model.lora)) if model.lora is not None else None
     # the accelerator first: under a multi-process launch it picks this process's device
     accelerator = accelerator or make_accelerator(config)
     device = accelerator.device
@@ -588,12 +586,12 @@ def build_trainer(
     policy = load_policy(
         model.family, model.path, lora=lora, train=trained, dtype=model.dtype, device=device, **options
     )
-    reward = load_reward(config.reward.name, **config.reward.kwargs)
-    monitors = {name: load_reward(name, **kwargs) for name, kwargs in config.reward.monitors.items()}
+    reward = load_reward(config.reward.name, **loaded.reward.kwargs)
+    monitors = {name: load_reward(name, **kwargs) for name, kwargs in loaded.reward.monitors.items()}
     strategy = STRATEGIES.get(config.train.strategy)(config.train)
     loss = LOSSES.get(config.train.loss)(config.train)
     if config.rewriter is not None:  # a joint run: PromptRL's rewriter beside the generator
-        policy, loss = joint_policy_and_loss(config, policy, loss, device)
+        policy, loss = joint_policy_and_loss(loaded, policy, loss, device)
     prompts = config.prompts.load(base_dir)
     return Trainer(
         policy, reward, strategy, loss, config, prompts, accelerator=accelerator, monitors=monitors
