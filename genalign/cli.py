@@ -83,10 +83,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from genalign.trainers.config import load_recipe
+
+    config = load_recipe(args.config, args.overrides)  # a mistyped key fails before the model libraries load
     from genalign.trainers.distributed import release_process_group
     from genalign.trainers.trainer import build_trainer
 
-    config = load_recipe(args.config, args.overrides)
     trainer = build_trainer(config, base_dir=Path(args.config).parent)
     main_process = trainer.is_main_process
     if main_process:

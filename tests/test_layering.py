@@ -175,3 +175,19 @@ def test_shapes_eval_stays_a_registered_reward():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "genalign.toy.shapes_eval"
+
+
+def test_a_recipe_loads_without_the_model_libraries():
+    """``genalign train`` reads the recipe before diffusers / transformers load, so a mistyped key
+    fails in seconds; the lazy ``genalign.trainers`` names still resolve."""
+    code = (
+        "import sys; from genalign.trainers.config import load_recipe; "
+        "load_recipe('configs/toy/demo.yaml'); "
+        "heavy = [m for m in ('diffusers', 'transformers', 'peft', 'open_clip') if m in sys.modules]; "
+        "assert not heavy, heavy; import genalign.trainers as t; "
+        "assert callable(t.build_trainer) and 'nft' in t.LOSSES.names() and 'methods' in t.list_trainers()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=PACKAGE.parent
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

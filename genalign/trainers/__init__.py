@@ -7,28 +7,74 @@ losses (one per file, the hook contract in ``losses/base``); their pure math is 
 
 from __future__ import annotations
 
-from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
-from genalign.trainers.config import RecipeConfig, load_recipe
-from genalign.trainers.ema import ParameterEMA
-from genalign.trainers.losses import (
-    LOSSES,
-    NFTLoss,
-    PolicyLoss,
-    PPOClipLoss,
-    ReFLLoss,
-    RWRLoss,
-    TokenPPOLoss,
-)
-from genalign.trainers.strategies import (
-    STRATEGIES,
-    B2DiffuRLStrategy,
-    GroupRolloutStrategy,
-    RolloutBatch,
-    RolloutContext,
-    RolloutStrategy,
-    SolRLStrategy,
-)
-from genalign.trainers.trainer import Trainer, build_trainer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Exported lazily (as genalign.pipelines): ``genalign.trainers.config`` alone loads no diffusers or
+# transformers, so ``genalign train`` reports a mistyped recipe key in seconds, not after every model
+# library has been imported.
+_EXPORTS = {
+    "Checkpoint": "checkpoint",
+    "latest_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "RecipeConfig": "config",
+    "load_recipe": "config",
+    "ParameterEMA": "ema",
+    "LOSSES": "losses",
+    "NFTLoss": "losses",
+    "PolicyLoss": "losses",
+    "PPOClipLoss": "losses",
+    "ReFLLoss": "losses",
+    "RWRLoss": "losses",
+    "TokenPPOLoss": "losses",
+    "STRATEGIES": "strategies",
+    "B2DiffuRLStrategy": "strategies",
+    "GroupRolloutStrategy": "strategies",
+    "RolloutBatch": "strategies",
+    "RolloutContext": "strategies",
+    "RolloutStrategy": "strategies",
+    "SolRLStrategy": "strategies",
+    "Trainer": "trainer",
+    "build_trainer": "trainer",
+}
+
+if TYPE_CHECKING:  # the same names, for type checkers
+    from genalign.trainers.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+    from genalign.trainers.config import RecipeConfig, load_recipe
+    from genalign.trainers.ema import ParameterEMA
+    from genalign.trainers.losses import (
+        LOSSES,
+        NFTLoss,
+        PolicyLoss,
+        PPOClipLoss,
+        ReFLLoss,
+        RWRLoss,
+        TokenPPOLoss,
+    )
+    from genalign.trainers.strategies import (
+        STRATEGIES,
+        B2DiffuRLStrategy,
+        GroupRolloutStrategy,
+        RolloutBatch,
+        RolloutContext,
+        RolloutStrategy,
+        SolRLStrategy,
+    )
+    from genalign.trainers.trainer import Trainer, build_trainer
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 METHODS = {
     "ddpo": "sd family, DDIM eta=1, per-prompt stat tracker, PPO-clip (Black et al. 2023)",
@@ -48,6 +94,9 @@ METHODS = {
 
 def list_trainers() -> dict[str, list[str]]:
     """Sections for ``genalign list``."""
+    from genalign.trainers.losses import LOSSES
+    from genalign.trainers.strategies import STRATEGIES
+
     return {
         "methods": [f"{name}: {text}" for name, text in METHODS.items()],
         "rollout strategies": STRATEGIES.names(),
