@@ -1,12 +1,15 @@
 """Checks on a model path before diffusers loads it: a local pipeline folder that is incomplete,
-or a path that cannot be a hub id, fails naming the missing file or folder."""
+or a path that cannot be a hub id, fails naming the missing file or folder; a hub id that is not
+in the local cache while the hub cannot be reached fails at once, naming it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-__all__ = ["check_model_folder", "looks_like_local_path", "require_local_path"]
+from genalign.utils.hub import require_hub_access
+
+__all__ = ["check_model_folder", "looks_like_local_path", "require_hub_access", "require_local_path"]
 
 
 def looks_like_local_path(path: str | Path) -> bool:
@@ -24,6 +27,7 @@ def require_local_path(path: str | Path) -> None:
         raise FileNotFoundError(
             f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
         )
+    require_hub_access(path)
 
 
 def check_model_folder(path: str | Path) -> None:

@@ -36,6 +36,7 @@ import torch
 from genalign.rewards.base import Reward
 from genalign.rewards.checkpoints import looks_like_local_path, require_file
 from genalign.rewards.preprocess import ImagePreprocessor, PreprocessConfig
+from genalign.utils.hub import require_hub_access
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ class OpenCLIPEmbedder(CLIPEmbedder):
         else:
             if model_config is not None:
                 register_open_clip_config(model, model_config)
+            if model.startswith("hf-hub:"):
+                require_hub_access(model.removeprefix("hf-hub:").split("@")[0])
             if pretrained is not None:
                 pretrained = os.fspath(pretrained)
                 is_tag = bool(open_clip.get_pretrained_cfg(model, pretrained))
@@ -271,6 +274,7 @@ def _check_pretrained_source(source: str | os.PathLike, what: str) -> str:
     source = os.fspath(source)
     if looks_like_local_path(source) and not os.path.isdir(os.path.expanduser(source)):
         raise FileNotFoundError(f"{what} folder not found: {source}")
+    require_hub_access(source)
     return os.path.expanduser(source) if looks_like_local_path(source) else source
 
 

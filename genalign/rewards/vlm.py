@@ -44,6 +44,7 @@ from PIL import Image
 
 from genalign.rewards.base import Reward
 from genalign.rewards.checkpoints import looks_like_local_path
+from genalign.utils.hub import require_hub_access
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ def _source(source: str | os.PathLike, what: str) -> str:
         source = os.path.expanduser(source)
         if not os.path.isdir(source):
             raise FileNotFoundError(f"{what} folder not found: {source}")
+    require_hub_access(source)
     return source
 
 
