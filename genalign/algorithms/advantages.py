@@ -21,6 +21,7 @@ Standard deviations are population standard deviations (``ddof=0``), as in DDPO 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -32,7 +33,13 @@ logger = logging.getLogger(__name__)
 
 StdMode = Literal["group", "global", "none"]
 
-__all__ = ["PerPromptStatTracker", "clip_advantages", "group_advantages", "group_reward_statistics"]
+__all__ = [
+    "PerPromptStatTracker",
+    "clip_advantages",
+    "clustered_stderr",
+    "group_advantages",
+    "group_reward_statistics",
+]
 
 
 def _group_index(groups: torch.Tensor | Sequence[Any] | int, batch_size: int) -> torch.Tensor:
@@ -182,6 +189,33 @@ def group_reward_statistics(
         "zero_variance_groups": float((high == low).double().mean()),
         "group_reward_std": float((variance / counts).sqrt().mean()),
     }
+
+
+def clustered_stderr(rewards: torch.Tensor, groups: torch.Tensor | Sequence[Any] | int) -> float:
+    """The standard error of the mean reward with each group's samples as one cluster.
+
+    A group's samples share a prompt, so their rewards are correlated and ``std / sqrt(n)``
+    understates the error of the batch mean (by ``sqrt(1 + (m - 1) rho)`` for groups of ``m`` with
+    intra-group correlation ``rho``). This is the cluster-robust (Liang & Zeger 1986) variance of a
+    mean with the small-sample factor ``G / (G - 1)``:
+    ``Var = G / (G - 1) * sum_g (sum_{i in g} (r_i - mean))^2 / n^2``. With one sample per group it
+    equals ``std / sqrt(n)``; with a single group (one prompt) the clusters say nothing, and the
+    plain ``std / sqrt(n)`` is returned (the error given that prompt).
+
+    Args:
+        rewards: ``[B]`` finite rewards.
+        groups: a group size (contiguous groups) or one group id per sample.
+    """
+    rewards = rewards.detach().double().cpu().reshape(-1)
+    n = rewards.shape[0]
+    if n < 2:
+        return 0.0
+    index = _group_index(groups, n)
+    num_groups = int(index.max()) + 1
+    if num_groups < 2:
+        return float(rewards.std(unbiased=True) / math.sqrt(n))
+    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, index, rewards - rewards.mean())
+    return float((num_groups / (num_groups - 1) * (sums**2).sum()).sqrt() / n)
 
 
 class PerPromptStatTracker:

@@ -57,6 +57,7 @@ def eval_set(
     images_per_category: int = 16,
     max_prompts_per_category: int | None = None,
     seed: int = 0,
+    category_seeds: bool = False,
 ) -> list[tuple[PromptSpec, int]]:
     """(prompt, seed) pairs of ``split`` with exactly ``images_per_category`` images per category.
 
@@ -64,6 +65,10 @@ def eval_set(
     evenly spaced in caption order, and its images go to them in turn, each with its own seed, so
     a category with few prompts gets several seeds per prompt. Deterministic: the same arguments
     give the same list; the seeds are evaluation seeds, not those the trainer draws.
+    ``category_seeds``: offset each category's seeds, so that no two categories share an initial
+    noise (False, the reward models' cards: the i-th image of every category has the same seed,
+    which correlates the categories' scores, while a category-stratified interval assumes them
+    independent).
     """
     if images_per_category <= 0 or (max_prompts_per_category is not None and max_prompts_per_category <= 0):
         raise ValueError("images_per_category and max_prompts_per_category must be positive")
@@ -72,23 +77,25 @@ def eval_set(
     for prompt in prompts_for(split):
         by_category.setdefault(prompt.category, []).append(prompt)
     items: list[tuple[PromptSpec, int]] = []
-    for category in sorted(by_category):
+    for c_index, category in enumerate(sorted(by_category)):
         prompts = by_category[category]
+        offset = 15_485_863 * c_index if category_seeds else 0
         if len(prompts) > limit:
             stride = len(prompts) / limit
             prompts = [prompts[int(i * stride)] for i in range(limit)]
         for index in range(images_per_category):
             p_index, s_index = index % len(prompts), index // len(prompts)
-            items.append((prompts[p_index], seed * 1_000_003 + 7919 * p_index + 104_729 * s_index + 1))
+            items.append((prompts[p_index], seed * 1_000_003 + 7919 * p_index + 104_729 * s_index + offset + 1))
     return items
 
 
 def eval_set_for_images(split: str, images: int, seed: int = 0) -> list[tuple[PromptSpec, int]]:
-    """:func:`eval_set` with at least ``images`` images, spread evenly over ``split``'s categories."""
+    """:func:`eval_set` with at least ``images`` images, spread evenly over ``split``'s categories,
+    no seed shared between categories (the demo's sets, whose change intervals are stratified)."""
     if images <= 0:
         raise ValueError(f"images must be positive, got {images}")
     categories = {p.category for p in prompts_for(split)}
-    return eval_set(split, math.ceil(images / len(categories)), seed=seed)
+    return eval_set(split, math.ceil(images / len(categories)), seed=seed, category_seeds=True)
 
 
 def heldout_eval_set(

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from genalign.algorithms import group_reward_statistics
+from genalign.algorithms import clustered_stderr, group_reward_statistics
 from genalign.config import to_dict
 from genalign.policies import DiffusionPolicy, JointPolicy, LanguagePolicy
 from genalign.rewards import Reward
@@ -389,14 +389,14 @@ class Trainer:
 
     def _reward_metrics(self, step: int, batch: RolloutBatch) -> dict[str, Any]:
         rewards = batch.global_rewards.float()
-        finite = rewards[torch.isfinite(rewards)]
-        n = max(finite.numel(), 1)
+        kept = torch.isfinite(rewards)
+        finite, groups = rewards[kept], batch.global_group_ids
         std = float(finite.std(unbiased=True)) if finite.numel() > 1 else 0.0
         metrics: dict[str, Any] = {
             "step": step,
             "reward_mean": float(finite.mean()) if finite.numel() else float("nan"),
-            "reward_std": std,
-            "reward_stderr": std / math.sqrt(n),
+            "reward_std": std,  # the error of the mean, with a prompt's group as one cluster:
+            "reward_stderr": clustered_stderr(finite, groups[kept.cpu()] if groups is not None else 1),
             "samples": int(rewards.numel()),
             "nonfinite_rewards": count_nonfinite(rewards),
         }

@@ -176,3 +176,30 @@ def test_a_tied_group_gets_zero_advantages_against_a_baseline_too(std):
     assert advantages[:2].tolist() == [0.0, 0.0]
     if std == "group":  # the spread group keeps (r - b) / (s + eps), s = 0.5
         torch.testing.assert_close(advantages[2:], (rewards[2:] - 0.2) / (0.5 + 1e-4))
+
+
+def test_clustered_stderr_is_the_error_of_the_group_means_for_equal_groups():
+    from genalign.algorithms import clustered_stderr
+
+    torch.manual_seed(0)
+    rewards = torch.randn(6, 8) + 3 * torch.randn(6, 1)  # 6 prompts x 8 samples, strongly clustered
+    means = rewards.mean(dim=1)
+    expected = float(means.std(unbiased=True)) / 6**0.5
+    assert clustered_stderr(rewards.reshape(-1), 8) == pytest.approx(expected, rel=1e-6)
+    naive = float(rewards.std(unbiased=True)) / 48**0.5
+    assert clustered_stderr(rewards.reshape(-1), 8) > 1.5 * naive  # the iid formula understates it
+
+
+def test_clustered_stderr_reduces_to_the_iid_error_for_singletons_and_one_group():
+    from genalign.algorithms import clustered_stderr
+
+    rewards = torch.tensor([0.1, 0.7, 0.3, 0.9, 0.4])
+    iid = float(rewards.std(unbiased=True)) / 5**0.5
+    assert clustered_stderr(rewards, 1) == pytest.approx(iid, rel=1e-6)
+    assert clustered_stderr(rewards, torch.zeros(5)) == pytest.approx(iid, rel=1e-6)  # one prompt
+    assert clustered_stderr(rewards[:1], 1) == 0.0
+    ids = torch.tensor([7, 7, 2, 2, 9])  # ids need not be dense
+    residual = rewards - rewards.mean()
+    sums = torch.stack([residual[:2].sum(), residual[2:4].sum(), residual[4:].sum()])
+    by_hand = (3 / 2 * float((sums**2).sum())) ** 0.5 / 5
+    assert clustered_stderr(rewards, ids) == pytest.approx(by_hand, rel=1e-6)

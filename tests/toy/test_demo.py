@@ -79,6 +79,12 @@ def test_rl_heldout_evaluation_has_at_least_160_images_over_six_categories():
     assert len(default) == 648 and Counter(p.category for p, _ in default) == dict.fromkeys(CATEGORIES, 108)
     assert {p.caption for p, _ in default} == {p.caption for p in prompts_for("rl_heldout")}
     assert len({(p.caption, seed) for p, seed in default}) == len(default)  # no (prompt, seed) pair twice
+    # no initial noise shared between categories: the stratified interval takes them as independent
+    seeds = {c: {s for p, s in default if p.category == c} for c in CATEGORIES}
+    assert all(not seeds[a] & seeds[b] for a in CATEGORIES for b in CATEGORIES if a < b)
+    shared = eval_set("rl_heldout", 4)  # the reward models' cards keep their shared seeds
+    first, second = ({s for p, s in shared if p.category == c} for c in CATEGORIES[:2])
+    assert first & second
 
 
 def test_paired_change_interval_by_hand():

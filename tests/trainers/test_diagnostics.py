@@ -75,6 +75,9 @@ def test_step_metrics_report_gradient_norm_parameter_change_and_groups(tmp_path)
     spread = (rewards - rewards.mean(1, keepdim=True)).pow(2).mean(1).sqrt()
     assert metrics["group_reward_std"] == pytest.approx(float(spread.mean()), rel=1e-6)
     assert metrics["zero_variance_groups"] == pytest.approx(float((spread == 0).double().mean()))
+    # the error of the mean reward with each prompt's group as a cluster: two equal groups -> the
+    # error of their two means
+    assert metrics["reward_stderr"] == pytest.approx(float(rewards.mean(1).std()) / math.sqrt(2), rel=1e-5)
     for key in ("approx_kl", "clipfrac"):
         assert math.isfinite(metrics[key]), key
 
