@@ -246,3 +246,44 @@ def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_
     )  # vae, teacher, reflow
     assert (student / "transformer").is_dir() and not (student / "README.md").exists()
     assert f"toy-ar-video-card --out {student}" in caplog.text
+
+
+def test_guidance_distillation_is_a_stage_that_continues_a_teacher_and_records_itself(tmp_path, caplog):
+    """``toy-ar-video-guidance --init TEACHER`` distils the guided teacher into a student folder whose
+    card extends the teacher's (commands, training time) and records the stage and its evaluation
+    steps (8 by default); with --eval-per-prompt 0 it leaves the evaluation to toy-ar-video-card."""
+    from genalign.policies import load_policy
+    from genalign.toy.generators.cli import main
+    from genalign.toy.generators.video_cli import _guidance_line
+
+    pack = _tiny_vae_and_pack(tmp_path)
+    teacher = tmp_path / "teacher"
+    args = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
+    args += ["--videos", str(pack), "--eval-per-prompt", "0", "--caption-dropout", "0.5"]
+    args += ["--vae", str(tmp_path / "vae"), "--width", "32", "--layers", "1", "--out", str(teacher)]
+    assert main(args) == 0
+
+    student = tmp_path / "student"
+    stage = ["toy-ar-video-guidance", "--init", str(teacher), "--num-videos", "2", "--guidance", "2"]
+    stage += ["--steps", "2", "--eval-per-prompt", "0", "--out", str(student)]
+    with caplog.at_level("INFO"):
+        assert main(stage) == 0
+    card, previous = (json.loads((f / "card.json").read_text()) for f in (student, teacher))
+    record = card["guidance_distillation"]
+    assert record["steps"] == 2 and record["guidance_scale"] == 2.0 and record["num_videos"] == 2
+    assert record["batch_size"] == 16  # the stage's own default, not the teacher's 64
+    assert card["commands"][:-1] == previous["commands"] and len(card["commands"]) == 3  # vae, teacher, this
+    assert card["train_seconds"] == pytest.approx(previous["train_seconds"] + record["train_seconds"])
+    assert card["eval_steps"] == 8 and f"toy-ar-video-card --out {student}" in caplog.text
+    assert "w = 2" in _guidance_line(card) and _guidance_line(previous) == ""
+    moved = [
+        float((a - b).abs().max())
+        for a, b in zip(
+            load_policy("ar_video", student, train=False).denoiser.parameters(),
+            load_policy("ar_video", teacher, train=False).denoiser.parameters(),
+            strict=True,
+        )
+    ]
+    assert max(moved) > 0
+    with pytest.raises(SystemExit):  # an option of another command is refused, naming it
+        main([*stage[:-1], str(tmp_path / "other"), "--ode-steps", "2"])

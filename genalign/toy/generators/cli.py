@@ -24,6 +24,7 @@ from genalign.toy.generators.flow import train_flow
 from genalign.toy.generators.train import SD_KL_WEIGHT, train_lcm, train_sd, train_vae
 from genalign.toy.generators.video_cli import (
     ar_video_command,
+    guidance_command,
     reflow_command,
     video_card_command,
     video_pack_command,
@@ -44,7 +45,12 @@ COMMAND_OPTIONS += (
 )
 COMMAND_OPTIONS += (("--name", "name", "toy-sd toy-flow"), ("--layers", "layers", "toy-flow toy-ar-video"))
 COMMAND_OPTIONS += (
-    ("--num-videos", "num_videos", "video-vae toy-ar-video toy-ar-video-reflow video-pack"),
+    (
+        "--num-videos",
+        "num_videos",
+        "video-vae toy-ar-video toy-ar-video-reflow toy-ar-video-guidance video-pack",
+    ),
+    ("--guidance", "guidance", "toy-ar-video-guidance"),
     ("--device", "device", "toy-ar-video"),
     ("--videos", "videos", "toy-ar-video"),
     ("--ode-steps", "ode_steps", "toy-ar-video-reflow"),
@@ -54,7 +60,7 @@ COMMAND_OPTIONS += (
     ("--caption-dropout", "caption_dropout", "toy-ar-video"),
     ("--ode-guidance", "ode_guidance", "toy-ar-video-reflow"),
     ("--categories", "categories", "video-pack"),
-    ("--first-block-prob", "first_block_prob", "toy-ar-video"),
+    ("--first-block-prob", "first_block_prob", "toy-ar-video toy-ar-video-guidance"),
 )
 
 
@@ -73,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
             "video-vae",
             "toy-ar-video",
             "toy-ar-video-reflow",
+            "toy-ar-video-guidance",
             "toy-ar-video-card",
             "video-pack",
             "eval",
@@ -92,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--family", choices=FAMILIES, help="eval: the model family")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, help="default 64 (toy-ar-video-guidance: 16)")
     parser.add_argument("--lr", type=float)
     parser.add_argument("--num-images", type=int)
     parser.add_argument("--max-minutes", type=float)
@@ -192,7 +199,13 @@ def _add_video_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--first-block-prob",
         type=float,
-        help="toy-ar-video: fraction of steps that train the first block alone, drawn from noise (default 0)",
+        help="toy-ar-video: fraction of steps that train the first block alone, drawn from noise (default 0; "
+        "toy-ar-video-guidance: 0.5)",
+    )
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        help="toy-ar-video-guidance: the classifier-free guidance w whose output the student learns (default 3)",
     )
     parser.add_argument(
         "--categories", help="video-pack: only these video categories, comma-separated (default: all four)"
@@ -510,6 +523,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     "video-vae": video_vae_command,
     "toy-ar-video": ar_video_command,
     "toy-ar-video-reflow": reflow_command,
+    "toy-ar-video-guidance": guidance_command,
     "toy-ar-video-card": video_card_command,
     "video-pack": video_pack_command,
 }
@@ -525,6 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # a no-op when logging is set up
     torch.set_num_threads(args.threads)
+    if args.batch_size is None:
+        args.batch_size = 16 if args.what == "toy-ar-video-guidance" else 64
     for option, name, command in COMMAND_OPTIONS:
         if getattr(args, name) is not None and args.what not in command.split():
             commands = command.split()

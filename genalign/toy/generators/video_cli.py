@@ -1,5 +1,6 @@
 """The toy AR video generator's commands of ``python -m genalign.toy.generators``: ``video-vae``
-(the autoencoder) and ``toy-ar-video`` (the transformer, then the card). One function per command."""
+(the autoencoder), ``toy-ar-video`` (the transformer, then the card) and its later stages
+(``toy-ar-video-reflow``, ``toy-ar-video-guidance``). One function per command."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from genalign.toy.generators.card import command_line
 from genalign.toy.generators.video import train_video_vae
-from genalign.toy.generators.video_eval import evaluate_video_generator
+from genalign.toy.generators.video_eval import VIDEO_SAMPLING, evaluate_video_generator
+from genalign.toy.generators.video_guidance import train_guidance_distillation
 from genalign.toy.generators.video_reflow import train_reflow
 from genalign.toy.generators.video_train import VIDEO_DATA_SEED_OFFSET, train_ar_video
 from genalign.toy.training import folder_megabytes, write_card_files
@@ -135,7 +137,10 @@ def video_card_command(args: argparse.Namespace, parser: argparse.ArgumentParser
     if not path.is_file():
         parser.error(f"toy-ar-video-card: {path} not found (a folder written by toy-ar-video)")
     card = json.loads(path.read_text())
-    card["evals"] = video_evaluations(Path(args.out), args.eval_seed, args.eval_per_prompt)
+    card["eval_steps"] = _eval_steps(args, card)
+    card["evals"] = video_evaluations(
+        Path(args.out), args.eval_seed, args.eval_per_prompt, card["eval_steps"]
+    )
     write_video_card(Path(args.out), card)
     return 0
 
@@ -192,6 +197,37 @@ def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     return finish_video_card(out, card, args)
 
 
+def guidance_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Distil a guided ``toy-ar-video`` folder (``--init``, trained with ``--caption-dropout``) into a
+    student that samples unguided (:mod:`genalign.toy.generators.video_guidance`), then evaluate it
+    (``--eval-steps`` per block; default 8, where the distilled student gains) and write the card."""
+    if not args.init or not (Path(args.init) / "card.json").is_file():
+        parser.error("toy-ar-video-guidance needs --init: a folder written by the toy-ar-video command")
+    previous = json.loads((Path(args.init) / "card.json").read_text())
+    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
+    options.update(guidance_scale=args.guidance, first_block_prob=args.first_block_prob)
+    options = {k: v for k, v in options.items() if v is not None}
+    out = Path(args.out)
+    _, info = train_guidance_distillation(
+        args.init, out, batch_size=args.batch_size, seed=args.seed, max_minutes=args.max_minutes, **options
+    )
+    card = {
+        **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
+        "commands": [*previous["commands"], command_line()],
+        "guidance_distillation": {
+            "steps": info["steps"],
+            "train_seconds": info["train_seconds"],
+            "num_videos": options.get("num_videos", 4000),
+            "guidance_scale": options.get("guidance_scale", 3.0),
+            "batch_size": args.batch_size,
+            "loss_history": info["loss_history"],
+        },
+        "train_seconds": previous["train_seconds"] + info["train_seconds"],
+        "eval_steps": args.eval_steps or 8,
+    }
+    return finish_video_card(out, card, args)
+
+
 def finish_video_card(out: Path, card: dict[str, Any], args: argparse.Namespace) -> int:
     """Evaluate ``out`` and write its card and README; with ``--eval-per-prompt 0`` (e.g. trained on
     a GPU box) write only card.json, for ``toy-ar-video-card`` to finish later."""
@@ -199,19 +235,29 @@ def finish_video_card(out: Path, card: dict[str, Any], args: argparse.Namespace)
         (out / "card.json").write_text(json.dumps(card, indent=2) + "\n")
         logger.info("[%s] evaluation skipped; finish the card with: toy-ar-video-card --out %s", NAME, out)
         return 0
-    card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt)
+    card["eval_steps"] = _eval_steps(args, card)
+    card["evals"] = video_evaluations(out, args.eval_seed, args.eval_per_prompt, card["eval_steps"])
     write_video_card(out, card)
     return 0
 
 
-def video_evaluations(path: Path, seed: int = 0, num_per_prompt: int = 1) -> dict[str, Any]:
-    """The card's evaluations: RL-held-out and RL-train prompts, and a small fixed subset."""
+def _eval_steps(args: argparse.Namespace, card: dict[str, Any]) -> int:
+    """Steps per block of the card's evaluation: ``--eval-steps``, else the card's own, else 4."""
+    return int(args.eval_steps or card.get("eval_steps") or VIDEO_SAMPLING["num_inference_steps"])
+
+
+def video_evaluations(
+    path: Path, seed: int = 0, num_per_prompt: int = 1, steps: int | None = None
+) -> dict[str, Any]:
+    """The card's evaluations: RL-held-out and RL-train prompts, and a small fixed subset, with
+    ``steps`` Self-Forcing steps per block (None: the policy's 4)."""
+    steps = int(steps or VIDEO_SAMPLING["num_inference_steps"])
     evals = {
-        split: evaluate_video_generator(path, split, num_per_prompt=num_per_prompt, seed=seed)
+        split: evaluate_video_generator(path, split, num_per_prompt=num_per_prompt, seed=seed, steps=steps)
         for split in ("rl_heldout", "rl_train")
     }
     evals["subset"] = evaluate_video_generator(
-        path, "rl_heldout", per_category=2, num_per_prompt=2, seed=seed
+        path, "rl_heldout", per_category=2, num_per_prompt=2, seed=seed, steps=steps
     )
     for name, result in evals.items():
         logger.info("[%s] %s overall %.3f %s", NAME, name, result["overall"], result["interval"])
@@ -244,6 +290,19 @@ def _reflow_line(card: dict[str, Any]) -> str:
     )
 
 
+def _guidance_line(card: dict[str, Any]) -> str:
+    if "guidance_distillation" not in card:
+        return ""
+    stage = card["guidance_distillation"]
+    return (
+        f"\n- Guidance distillation (Meng et al. 2023, stage one): from the model above (the teacher), "
+        f"{stage['steps']} steps regressing its classifier-free-guided velocity at w = {stage['guidance_scale']:g} "
+        f"on diffusion forcing's noisy frames of {stage['num_videos']} rendered videos, batch "
+        f"{stage['batch_size']}, {stage['train_seconds']:.0f} s (`genalign/toy/generators/video_guidance.py`). "
+        "The student samples unguided what the teacher samples guided."
+    )
+
+
 def _where(card: dict[str, Any]) -> str:
     device = card.get("device", "cpu")
     return "the CPU" if device == "cpu" else f"{device} (the first stage)"
@@ -265,8 +324,8 @@ at 48 px; `genalign.toy.video`), in the `ar_video` family's layout: a
 `SkyReelsV2DiffusionForcingPipeline` with a block-causal `SkyReelsV2Transformer3DModel` (blocks of 2
 latent frames), an `AutoencoderKLWan` (4x spatial, no temporal compression) and, as text encoder,
 the frozen text tower of toy-clip (a `CLIPTextModel` with a toy `CLIPTokenizer`; diffusers logs that
-it expected a T5 encoder, and runs it). Sampled Self-Forcing style by the `ar_video` policy, 4 steps
-per block. It follows its prompts imperfectly (a few CPU-hours of training; docs/astrolabe.md tracks it
+it expected a T5 encoder, and runs it). Sampled Self-Forcing style by the `ar_video` policy,
+{card.get("eval_steps", 4)} steps per block in the tables below. It follows its prompts imperfectly (a few CPU-hours of training; docs/astrolabe.md tracks it
 stage by stage), which leaves room for Astrolabe; its own guided Euler ODE draws better videos than
 the few-step rollout (`benchmarks/toy_video_teacher.py`).
 
@@ -291,7 +350,7 @@ A `--videos` pack is `python -m genalign.toy.generators video-pack --out PACK --
   on their reconstructions {vae["reconstruction_accuracy"]:.3f} (train prompts, 16 per category).
 - Transformer: {card["steps"]} steps, batch {card["batch_size"]}, AdamW, diffusion forcing with a clean
   prefix (flow-matching velocity loss, an independent shifted noise level per block), EMA weights;
-  text tower of {card["clip_text"]} frozen.{_reflow_line(card)}
+  text tower of {card["clip_text"]} frozen.{_reflow_line(card)}{_guidance_line(card)}
 - Training time: {card["train_seconds"]:.0f} s for the transformer stages on {_where(card)} (data
   encoding and ODE pairs included), plus the autoencoder's.
 - Parameters: {params} (fp32); {card["size_mb"]} MB on disk.
