@@ -349,6 +349,8 @@ class LoggingConfig:
         for key in ("checkpoint_every", "sample_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"logging.{key} must be >= 0 (0: off), got {getattr(self, key)}")
+        if not self.run_dir.strip():  # it would be the working directory, the user's files beside the run's
+            raise ConfigError("logging.run_dir is empty: a run needs its own folder (default runs/{name})")
         try:
             self.run_dir.format(name="run")
         except (KeyError, IndexError, ValueError) as error:

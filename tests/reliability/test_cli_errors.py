@@ -64,6 +64,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
             "reward.name: <class 'collections.OrderedDict'> is not a genalign",
         ),
         ("logging.run_dir=runs/{0}", "logging.run_dir 'runs/{0}': the only placeholder allowed is {name}"),
+        ("logging.run_dir=", "logging.run_dir is empty: a run needs its own folder"),  # not the cwd
         ("train.num_steps=[1", "override 'train.num_steps=[1': the value is not valid YAML"),
     ],
 )
