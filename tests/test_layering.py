@@ -185,7 +185,8 @@ def test_a_recipe_loads_without_the_model_libraries():
         "load_recipe('configs/toy/demo.yaml'); "
         "heavy = [m for m in ('diffusers', 'transformers', 'peft', 'open_clip') if m in sys.modules]; "
         "assert not heavy, heavy; import genalign.trainers as t; "
-        "assert callable(t.build_trainer) and 'nft' in t.LOSSES.names() and 'methods' in t.list_trainers()"
+        "assert callable(t.build_trainer) and 'nft' in t.LOSSES.names() and 'methods' in t.list_trainers(); "
+        "missing = [n for n in t.__all__ if getattr(t, n, None) is None]; assert not missing, missing"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=PACKAGE.parent
