@@ -170,11 +170,7 @@ def test_shapes_eval_stays_a_registered_reward():
         "assert 'shapes_eval' in list_rewards(); assert 'genalign.toy' not in sys.modules; "
         "reward = load_reward('shapes_eval'); print(type(reward).__module__)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=PACKAGE.parent
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "genalign.toy.shapes_eval"
+    assert _python(code).stdout.strip().splitlines()[-1] == "genalign.toy.shapes_eval"
 
 
 def test_a_recipe_loads_without_the_model_libraries():
@@ -188,7 +184,13 @@ def test_a_recipe_loads_without_the_model_libraries():
         "assert callable(t.build_trainer) and 'nft' in t.LOSSES.names() and 'methods' in t.list_trainers(); "
         "missing = [n for n in t.__all__ if getattr(t, n, None) is None]; assert not missing, missing"
     )
+    _python(code)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter from the repository root; it must exit 0."""
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=PACKAGE.parent
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result

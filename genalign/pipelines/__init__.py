@@ -14,8 +14,9 @@ so reading :mod:`.families` (the CLI does) imports no model library.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from genalign.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "RENO_REWARD_KWARGS": "reno",
@@ -49,13 +50,4 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from genalign.pipelines.rlg import *  # noqa: F403
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

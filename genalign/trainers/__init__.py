@@ -7,8 +7,9 @@ losses (one per file, the hook contract in ``losses/base``); their pure math is 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from genalign.utils.lazy import lazy_exports
 
 # Exported lazily (as genalign.pipelines): ``genalign.trainers.config`` alone loads no diffusers or
 # transformers, so ``genalign train`` reports a mistyped recipe key in seconds, not after every model
@@ -64,16 +65,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from genalign.trainers.trainer import Trainer, build_trainer
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 METHODS = {

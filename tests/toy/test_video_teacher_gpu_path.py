@@ -219,10 +219,8 @@ def test_a_pack_of_chosen_categories_holds_only_them_and_the_default_draws_as_be
     assert "--categories" in (err := capsys.readouterr().err) and "dancing" in err
 
 
-def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_own(tmp_path, caplog):
-    """A teacher trained with --eval-per-prompt 0 (a GPU box, or a long CPU run) has no ``evals`` in
-    its card; the reflow stage reads it all the same, and with --eval-per-prompt 0 it writes its card
-    without evaluating, for toy-ar-video-card to finish."""
+def _tiny_guided_teacher(tmp_path: Path) -> Path:
+    """A two-step toy-ar-video trained with caption dropout and no evaluation (card without evals)."""
     from genalign.toy.generators.cli import main
 
     pack = _tiny_vae_and_pack(tmp_path)
@@ -231,6 +229,16 @@ def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_
     args += ["--videos", str(pack), "--eval-per-prompt", "0", "--caption-dropout", "0.5"]
     args += ["--vae", str(tmp_path / "vae"), "--width", "32", "--layers", "1", "--out", str(teacher)]
     assert main(args) == 0
+    return teacher
+
+
+def test_reflow_continues_a_teacher_trained_without_evaluation_and_can_skip_its_own(tmp_path, caplog):
+    """A teacher trained with --eval-per-prompt 0 (a GPU box, or a long CPU run) has no ``evals`` in
+    its card; the reflow stage reads it all the same, and with --eval-per-prompt 0 it writes its card
+    without evaluating, for toy-ar-video-card to finish."""
+    from genalign.toy.generators.cli import main
+
+    teacher = _tiny_guided_teacher(tmp_path)
     assert "evals" not in json.loads((teacher / "card.json").read_text())
 
     student = tmp_path / "student"
@@ -256,12 +264,7 @@ def test_guidance_distillation_is_a_stage_that_continues_a_teacher_and_records_i
     from genalign.toy.generators.cli import main
     from genalign.toy.generators.video_cli import _guidance_line
 
-    pack = _tiny_vae_and_pack(tmp_path)
-    teacher = tmp_path / "teacher"
-    args = ["toy-ar-video", "--clip-text", str(TOY_CLIP), "--steps", "2", "--batch-size", "2"]
-    args += ["--videos", str(pack), "--eval-per-prompt", "0", "--caption-dropout", "0.5"]
-    args += ["--vae", str(tmp_path / "vae"), "--width", "32", "--layers", "1", "--out", str(teacher)]
-    assert main(args) == 0
+    teacher = _tiny_guided_teacher(tmp_path)
 
     student = tmp_path / "student"
     stage = ["toy-ar-video-guidance", "--init", str(teacher), "--num-videos", "2", "--guidance", "2"]

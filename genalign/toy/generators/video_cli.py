@@ -167,31 +167,18 @@ def video_pack_command(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 def reflow_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Reflow a ``toy-ar-video`` folder (``--init``), then evaluate and write the card."""
-    if not args.init or not (Path(args.init) / "card.json").is_file():
-        parser.error("toy-ar-video-reflow needs --init: a folder written by the toy-ar-video command")
-    previous = json.loads((Path(args.init) / "card.json").read_text())
-    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
-    options["ode_steps"] = args.ode_steps
-    options["guidance_scale"] = args.ode_guidance
-    options = {k: v for k, v in options.items() if v is not None}
+    previous = _previous_card(args, parser, "toy-ar-video-reflow")
+    options = _later_stage_options(args, ode_steps=args.ode_steps, guidance_scale=args.ode_guidance)
     out = Path(args.out)
     _, info = train_reflow(
         args.init, out, batch_size=args.batch_size, seed=args.seed, max_minutes=args.max_minutes, **options
     )
-    card = {
-        **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
-        "commands": [*previous["commands"], command_line()],
-        "reflow": {
-            "steps": info["steps"],
-            "train_seconds": info["train_seconds"],
-            "num_videos": options.get("num_videos", 2000),
-            "ode_steps": options.get("ode_steps", 8),
-            "ode_guidance": options.get("guidance_scale", 1.0),
-            "batch_size": args.batch_size,
-            "loss_history": info["loss_history"],
-        },
-        "train_seconds": previous["train_seconds"] + info["train_seconds"],
+    record = {
+        "num_videos": options.get("num_videos", 2000),
+        "ode_steps": options.get("ode_steps", 8),
+        "ode_guidance": options.get("guidance_scale", 1.0),
     }
+    card = _continued_card(previous, "reflow", record, info, args.batch_size)
     if "evals" in previous:  # a teacher trained with --eval-per-prompt 0 has none
         card["stage_1_evals"] = {k: previous["evals"][k]["overall"] for k in ("rl_heldout", "rl_train")}
     return finish_video_card(out, card, args)
@@ -201,31 +188,47 @@ def guidance_command(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     """Distil a guided ``toy-ar-video`` folder (``--init``, trained with ``--caption-dropout``) into a
     student that samples unguided (:mod:`genalign.toy.generators.video_guidance`), then evaluate it
     (``--eval-steps`` per block; default 8, where the distilled student gains) and write the card."""
-    if not args.init or not (Path(args.init) / "card.json").is_file():
-        parser.error("toy-ar-video-guidance needs --init: a folder written by the toy-ar-video command")
-    previous = json.loads((Path(args.init) / "card.json").read_text())
-    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
-    options.update(guidance_scale=args.guidance, first_block_prob=args.first_block_prob)
-    options = {k: v for k, v in options.items() if v is not None}
+    previous = _previous_card(args, parser, "toy-ar-video-guidance")
+    options = _later_stage_options(args, guidance_scale=args.guidance, first_block_prob=args.first_block_prob)
     out = Path(args.out)
     _, info = train_guidance_distillation(
         args.init, out, batch_size=args.batch_size, seed=args.seed, max_minutes=args.max_minutes, **options
     )
-    card = {
+    record = {
+        "num_videos": options.get("num_videos", 4000),
+        "guidance_scale": options.get("guidance_scale", 3.0),
+    }
+    card = _continued_card(previous, "guidance_distillation", record, info, args.batch_size)
+    card["eval_steps"] = args.eval_steps or 8
+    return finish_video_card(out, card, args)
+
+
+def _previous_card(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> dict:
+    """The card of the ``--init`` folder a later stage continues (an argparse error without one)."""
+    if not args.init or not (Path(args.init) / "card.json").is_file():
+        parser.error(f"{command} needs --init: a folder written by the toy-ar-video command")
+    return json.loads((Path(args.init) / "card.json").read_text())
+
+
+def _later_stage_options(args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """The training options given on the command line (unset ones keep the stage's defaults)."""
+    options = {"steps": args.steps, "lr": args.lr, "num_videos": args.num_videos, "ema_decay": args.ema_decay}
+    return {k: v for k, v in {**options, **extra}.items() if v is not None}
+
+
+def _continued_card(
+    previous: dict[str, Any], key: str, record: dict[str, Any], info: dict[str, Any], batch_size: int
+) -> dict[str, Any]:
+    """The card of a later stage: the earlier card (less its evaluations and size), this command,
+    the stage's ``record`` under ``key`` and the summed training time."""
+    stage = {"steps": info["steps"], "train_seconds": info["train_seconds"], **record}
+    stage.update(batch_size=batch_size, loss_history=info["loss_history"])
+    return {
         **{k: v for k, v in previous.items() if k not in ("evals", "size_mb")},
         "commands": [*previous["commands"], command_line()],
-        "guidance_distillation": {
-            "steps": info["steps"],
-            "train_seconds": info["train_seconds"],
-            "num_videos": options.get("num_videos", 4000),
-            "guidance_scale": options.get("guidance_scale", 3.0),
-            "batch_size": args.batch_size,
-            "loss_history": info["loss_history"],
-        },
+        key: stage,
         "train_seconds": previous["train_seconds"] + info["train_seconds"],
-        "eval_steps": args.eval_steps or 8,
     }
-    return finish_video_card(out, card, args)
 
 
 def finish_video_card(out: Path, card: dict[str, Any], args: argparse.Namespace) -> int:
