@@ -7,17 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from genalign.utils.hub import require_hub_access
+from genalign.utils.hub import looks_like_local_path, require_hub_access
 
 __all__ = ["check_model_folder", "looks_like_local_path", "require_hub_access", "require_local_path"]
-
-
-def looks_like_local_path(path: str | Path) -> bool:
-    """A path that cannot be a hub id ``organisation/name``: absolute, relative with ``./``,
-    ``../`` or ``~``, or with more than one separator. Such a path that does not exist is a missing
-    folder, which deserves that error rather than the hub's "could not connect"."""
-    text = str(path)
-    return text.startswith(("/", "./", "../", "~")) or "\\" in text or text.count("/") >= 2
 
 
 def require_local_path(path: str | Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from genalign.utils.hub import require_hub_access
+
 SAFETENSORS_SUFFIXES = (".safetensors",)
 
 
@@ -31,6 +33,19 @@ def looks_like_local_path(name: str) -> bool:
         or "\\" in name
         or name.endswith((".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json"))
     )
+
+
+def pretrained_source(source: str | os.PathLike, what: str) -> str:
+    """A folder or hub id for ``from_pretrained``: a local-looking path that is not a folder raises
+    naming ``what`` (``~`` expanded), and a hub id that can be neither read from the cache nor
+    downloaded raises at once (:func:`genalign.utils.hub.require_hub_access`)."""
+    source = os.fspath(source)
+    if looks_like_local_path(source):
+        source = os.path.expanduser(source)
+        if not os.path.isdir(source):
+            raise FileNotFoundError(f"{what} folder not found: {source}")
+    require_hub_access(source)
+    return source
 
 
 def require_file(path: str | os.PathLike, what: str = "checkpoint") -> str:

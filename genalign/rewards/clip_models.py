@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from genalign.rewards.base import Reward
-from genalign.rewards.checkpoints import looks_like_local_path, require_file
+from genalign.rewards.checkpoints import looks_like_local_path, pretrained_source, require_file
 from genalign.rewards.preprocess import ImagePreprocessor, PreprocessConfig
 from genalign.utils.hub import require_hub_access
 
@@ -235,12 +235,12 @@ class TransformersCLIPEmbedder(CLIPEmbedder):
             if processor is None:
                 raise ValueError("TransformersCLIPEmbedder: pass processor= together with a built model")
         else:
-            model = _check_pretrained_source(model, "CLIP model")
+            model = pretrained_source(model, "CLIP model")
             clip = CLIPModel.from_pretrained(model)
             processor = processor if processor is not None else model
             logger.info("transformers CLIPModel loaded from %s", model)
         if isinstance(processor, (str, os.PathLike)):
-            source = _check_pretrained_source(processor, "CLIP processor")
+            source = pretrained_source(processor, "CLIP processor")
             image_processor = AutoImageProcessor.from_pretrained(source)
             tokenizer = AutoTokenizer.from_pretrained(source)
         else:
@@ -267,15 +267,6 @@ class TransformersCLIPEmbedder(CLIPEmbedder):
                 input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
             )
         )
-
-
-def _check_pretrained_source(source: str | os.PathLike, what: str) -> str:
-    """A folder or hub id for ``from_pretrained``; a path that does not exist is an error naming it."""
-    source = os.fspath(source)
-    if looks_like_local_path(source) and not os.path.isdir(os.path.expanduser(source)):
-        raise FileNotFoundError(f"{what} folder not found: {source}")
-    require_hub_access(source)
-    return os.path.expanduser(source) if looks_like_local_path(source) else source
 
 
 def load_clip_embedder(backend: str = "open_clip", **kwargs: Any) -> CLIPEmbedder:

@@ -43,7 +43,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from genalign.rewards.vlm import VLMJudge, _as_dtype, _source
+from genalign.rewards.checkpoints import pretrained_source
+from genalign.rewards.vlm import VLMJudge, _as_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ def load_base_backbone(base_model: str | os.PathLike, dtype: Any = None) -> tupl
     processor of a hub id or folder."""
     from transformers import AutoProcessor, Qwen2VLModel
 
-    source = _source(base_model, "base model")
+    source = pretrained_source(base_model, "base model")
     kwargs = {"dtype": _as_dtype(dtype)} if dtype is not None else {}
     backbone = Qwen2VLModel.from_pretrained(source, **kwargs)
     processor = AutoProcessor.from_pretrained(source)

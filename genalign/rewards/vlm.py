@@ -43,8 +43,7 @@ import torch
 from PIL import Image
 
 from genalign.rewards.base import Reward
-from genalign.rewards.checkpoints import looks_like_local_path
-from genalign.utils.hub import require_hub_access
+from genalign.rewards.checkpoints import pretrained_source
 
 logger = logging.getLogger(__name__)
 
@@ -219,16 +218,6 @@ def _as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return names.get(dtype) or getattr(torch, str(dtype))
 
 
-def _source(source: str | os.PathLike, what: str) -> str:
-    source = os.fspath(source)
-    if looks_like_local_path(source):
-        source = os.path.expanduser(source)
-        if not os.path.isdir(source):
-            raise FileNotFoundError(f"{what} folder not found: {source}")
-    require_hub_access(source)
-    return source
-
-
 def load_vlm(
     model: str | os.PathLike | torch.nn.Module,
     processor: str | os.PathLike | Any = None,
@@ -252,7 +241,7 @@ def load_vlm(
             raise ValueError("load_vlm: pass processor= together with a built model")
         vlm = model
     else:
-        source = _source(model, "VLM")
+        source = pretrained_source(model, "VLM")
         if dtype is not None:
             model_kwargs.setdefault("dtype", _as_dtype(dtype))
         vlm = AutoModelForImageTextToText.from_pretrained(
@@ -262,7 +251,7 @@ def load_vlm(
         logger.info("VLM %s loaded from %s", type(vlm).__name__, source)
     if isinstance(processor, (str, os.PathLike)):
         processor = AutoProcessor.from_pretrained(
-            _source(processor, "VLM processor"), trust_remote_code=trust_remote_code
+            pretrained_source(processor, "VLM processor"), trust_remote_code=trust_remote_code
         )
     tokenizer = getattr(processor, "tokenizer", None)
     if tokenizer is None:

@@ -85,7 +85,6 @@ __all__ = [
     "evaluate_policy",
     "hacking_check",
     "heldout_eval_set",
-    "resolve_asset",
     "run_demo",
     "write_report",
 ]
@@ -379,17 +378,6 @@ def _change_text(change: float, low: float, high: float) -> str:
 # -- the run ------------------------------------------------------------------------------------------
 
 
-def resolve_asset(value: Any) -> Any:
-    """``assets/...`` paths (optionally after a ``local-dir:`` prefix) resolve against the
-    repository when they do not exist from the working directory, so the demo runs anywhere."""
-    if not isinstance(value, str):
-        return value
-    prefix, _, rest = value.rpartition(":") if value.startswith("local-dir:") else ("", "", value)
-    if rest.startswith("assets/") and not Path(rest).exists() and (ROOT / rest).exists():
-        rest = str(ROOT / rest)
-    return f"{prefix}:{rest}" if prefix else rest
-
-
 def run_demo(
     recipe: str | Path = DEFAULT_RECIPE,
     overrides: Sequence[str] = (),
@@ -408,12 +396,12 @@ def run_demo(
     also evaluate RL-held-out every that many steps (0: only before and after).
     """
     from genalign.trainers import build_trainer, load_recipe
+    from genalign.trainers.recipe_paths import resolve_recipe_paths
 
     start = time.perf_counter()
     recipe = Path(recipe)
-    config = load_recipe(recipe, list(overrides))
-    config.model.path = resolve_asset(config.model.path)
-    config.reward.kwargs = {k: resolve_asset(v) for k, v in config.reward.kwargs.items()}
+    # the recipe's model and reward paths as the trainer resolves them (the demo loads them too)
+    config = resolve_recipe_paths(load_recipe(recipe, list(overrides)), recipe.parent)
     if "shapes_eval" not in config.reward.monitors:
         config.reward.monitors["shapes_eval"] = {}
     if oracle is not None:

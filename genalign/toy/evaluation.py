@@ -85,7 +85,9 @@ def eval_set(
             prompts = [prompts[int(i * stride)] for i in range(limit)]
         for index in range(images_per_category):
             p_index, s_index = index % len(prompts), index // len(prompts)
-            items.append((prompts[p_index], seed * 1_000_003 + 7919 * p_index + 104_729 * s_index + offset + 1))
+            items.append(
+                (prompts[p_index], seed * 1_000_003 + 7919 * p_index + 104_729 * s_index + offset + 1)
+            )
     return items
 
 

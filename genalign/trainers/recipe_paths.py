@@ -4,7 +4,8 @@ The shipped recipes name their models relative to the repository (``assets/model
 ``genalign train configs/toy/demo.yaml`` from the repository's root finds them as written. From
 any other working directory the same path is looked up in the recipe's folder and in each folder
 above it, and the first that holds it wins: ``genalign train ~/genalign/configs/toy/demo.yaml``
-runs from anywhere. A path that exists from the working directory, an absolute path and anything
+runs from anywhere. Last comes the folder that holds the ``genalign`` package (a clone's root), so
+a recipe copied out of the repository still finds the shipped ``assets/models``. A path that exists from the working directory, an absolute path and anything
 that is not path-like (a registry name, ``tiny:NAME``, ``hf-hub:...``, a URL) stay as written, and
 so does a path found nowhere: a hub id ``organisation/name`` reaches the hub, and a missing
 folder's error names the path as the recipe wrote it.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 LOCAL_DIR = "local-dir:"  # open_clip's prefix of a local model folder
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the clone (or site-packages) holding genalign
 
 
 def _path_like(text: str) -> bool:
@@ -39,7 +41,7 @@ def resolve_path(value: Any, recipe_dir: str | Path | None) -> Any:
     if not _path_like(rest) or Path(rest).is_absolute() or Path(rest).exists():
         return value
     folder = Path(recipe_dir).resolve()
-    for base in (folder, *folder.parents):
+    for base in (folder, *folder.parents, PACKAGE_ROOT):
         if (base / rest).exists():
             return prefix + str(base / rest)
     return value

@@ -9,7 +9,15 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["hub_unreachable", "require_hub_access"]
+__all__ = ["hub_unreachable", "looks_like_local_path", "require_hub_access"]
+
+
+def looks_like_local_path(path: str | Path) -> bool:
+    """A path that cannot be a hub id ``organisation/name``: absolute, relative with ``./``,
+    ``../`` or ``~``, or with more than one separator. Such a path that does not exist is a missing
+    folder, which deserves that error rather than the hub's "could not connect"."""
+    text = str(path)
+    return text.startswith(("/", "./", "../", "~")) or "\\" in text or text.count("/") >= 2
 
 
 def _is_hub_id(text: str) -> bool:
@@ -17,8 +25,8 @@ def _is_hub_id(text: str) -> bool:
     return (
         text.count("/") == 1
         and ":" not in text
-        and "\\" not in text
-        and not text.startswith(("/", ".", "~"))
+        and not text.startswith(".")
+        and not looks_like_local_path(text)
         and not Path(text).exists()
     )
 
