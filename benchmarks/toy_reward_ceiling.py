@@ -95,10 +95,11 @@ def ceiling_rows(
 
 def main(argv: list[str] | None = None) -> int:
     from genalign.rewards import load_reward
-    from genalign.toy.demo import ORACLE_REWARDS, resolve_asset
+    from genalign.toy.demo import ORACLE_REWARDS
     from genalign.toy.evaluation import eval_set_for_images, evaluate_policy, ground_truth_renders
     from genalign.toy.shapes_eval import evaluate
     from genalign.trainers import build_trainer, load_recipe
+    from genalign.trainers.recipe_paths import resolve_recipe_paths
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     items = eval_set_for_images("rl_train", args.images, seed=args.seed)
     prompts = [prompt.caption for prompt, _ in items]
     config = load_recipe(args.recipe, [f"model.path={model_path(args.models[0])}"])
-    config.reward.kwargs = {k: resolve_asset(v) for k, v in config.reward.kwargs.items()}
+    config = resolve_recipe_paths(config, Path(args.recipe).parent)  # the reward is loaded here too
     trainer = build_trainer(config, base_dir=Path(args.recipe).parent)  # the recipe's reward and sampler
     sampling = trainer.rollout_kwargs()
     oracle_name, oracle_kwargs = ORACLE_REWARDS["mixed"]
