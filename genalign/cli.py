@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from genalign.cli_errors import describe_error
+from genalign.trainers.model_config import DTYPES
 
 logger = logging.getLogger(__name__)
-
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _same_named(args: argparse.Namespace, names: Sequence[str], given_only: bool = False) -> dict:

@@ -255,12 +255,15 @@ class LanguagePolicy(torch.nn.Module):
         dtype: torch.dtype | str | None = None,
         device: str | torch.device | None = None,
         frozen: Sequence[str] = (),
+        processor_kwargs: dict[str, Any] | None = None,
         **model_kwargs: Any,
     ) -> LanguagePolicy:
         """Load from a hub id (e.g. ``Qwen/Qwen2.5-0.5B-Instruct``) or a local transformers folder.
 
         A model whose config has a ``vision_config`` loads as ``AutoModelForImageTextToText`` with
         ``AutoProcessor``; any other as ``AutoModelForCausalLM`` with ``AutoTokenizer``.
+        ``processor_kwargs`` go to that processor's (tokenizer's) ``from_pretrained``, e.g.
+        ``{"max_pixels": 786432}`` to cap a Qwen-VL's image area.
         """
         from transformers import (
             AutoConfig,
@@ -280,7 +283,9 @@ class LanguagePolicy(torch.nn.Module):
         vlm = getattr(config, "vision_config", None) is not None
         loader = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
         model = loader.from_pretrained(str(path), **model_kwargs)
-        processor = (AutoProcessor if vlm else AutoTokenizer).from_pretrained(str(path))
+        processor = (AutoProcessor if vlm else AutoTokenizer).from_pretrained(
+            str(path), **(processor_kwargs or {})
+        )
         return cls(model, processor, lora=lora, train=train, device=device, dtype=dtype, frozen=frozen)
 
     def save_pretrained(self, folder: str | Path) -> Path:

@@ -62,7 +62,17 @@ def test_hub_unreachable_reads_offline_mode_and_proxies(monkeypatch):
 def test_the_cli_prints_one_line_for_an_uncached_model_offline(tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, "-m", "genalign.cli", "sample", "org/model", "--prompt", "a", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "genalign.cli",
+            "sample",
+            "org/model",
+            "--prompt",
+            "a",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
