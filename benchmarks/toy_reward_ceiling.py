@@ -7,7 +7,8 @@ this draws each ``--model``'s samples with the demo recipe's sampler, renders a 
 for every item, and scores all of them with each reward (the demo's learned reward, toy-vlm's
 VQAScore, and the oracle control's ``mixed`` verifier reward). Each mean is given as an effect
 in units of the first model's (the RL start's) across-image std, with the verifier's accuracy and
-the reward's mean on correct and on wrong samples (its calibration). ``docs/toy_rl_study.md``
+the reward's mean on correct and on wrong samples (its calibration), then per GenEval category in
+that category's own starting std. ``docs/toy_rl_study.md``
 (section 24) reports the numbers::
 
     python benchmarks/toy_reward_ceiling.py --models toy-sd-web70 toy-sd toy-sd-web
@@ -93,6 +94,27 @@ def ceiling_rows(
     return rows
 
 
+def category_rows(
+    scores: dict[str, dict[str, list[float]]], categories: Sequence[str], start: str
+) -> list[dict]:
+    """Per (reward, image source): each category's effect in that category's own starting std
+    (:func:`genalign.toy.evaluation.category_effects`), where a reward's headroom is."""
+    from genalign.toy.evaluation import category_effects
+
+    rows = []
+    for reward in scores[start]:
+        for source, by_reward in scores.items():
+            effects = category_effects(scores[start][reward], by_reward[reward], None, categories)
+            rows.append(
+                {
+                    "reward": reward,
+                    "images": source,
+                    "effect_sd_per_category": {name: e.effect for name, e in effects.items()},
+                }
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from genalign.rewards import load_reward
     from genalign.toy.demo import ORACLE_REWARDS
@@ -156,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"scores": scores, "correct": correct}) + "\n", encoding="utf-8")
     for row in ceiling_rows(scores, correct, args.models[0]):
+        print(json.dumps(row))
+    categories = [prompt.category for prompt, _ in items]
+    for row in category_rows(scores, categories, args.models[0]):
         print(json.dumps(row))
     start_accuracy = float(np.mean(correct[args.models[0]]))
     print(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
@@ -277,6 +277,44 @@ def _finite_or_none(value: float) -> float | None:
 
 
 @dataclass
+class CategoryEffect:
+    """One category's reward on the fixed images, in units of that category's own starting std:
+    where the reward's headroom is (a category whose ground-truth renders score little above its
+    start has none to give, whatever the learner does)."""
+
+    count: int
+    before: float
+    after: float
+    start_std: float
+    ground_truth: float | None = None
+
+    @property
+    def effect(self) -> float | None:
+        return (self.after - self.before) / self.start_std if self.start_std > 0 else None
+
+    @property
+    def ground_truth_effect(self) -> float | None:
+        if self.ground_truth is None or not self.start_std > 0:
+            return None
+        return (self.ground_truth - self.before) / self.start_std
+
+
+def category_effects(
+    before: Sequence[float], after: Sequence[float], truth: Sequence[float] | None, categories: Sequence[str]
+) -> dict[str, CategoryEffect]:
+    """:class:`CategoryEffect` per category (in first-seen order) of paired per-image scores."""
+    labels = np.asarray(categories)
+    out = {}
+    for category in dict.fromkeys(categories):
+        mask = labels == category
+        b, a = np.asarray(before, dtype=np.float64)[mask], np.asarray(after, dtype=np.float64)[mask]
+        t = None if truth is None else float(np.asarray(truth, dtype=np.float64)[mask].mean())
+        spread = float(b.std(ddof=1)) if len(b) > 1 else 0.0
+        out[category] = CategoryEffect(int(mask.sum()), float(b.mean()), float(a.mean()), spread, t)
+    return out
+
+
+@dataclass
 class RewardChange:
     """A reward's scores on one evaluation set before and after training (same prompts and seeds).
 
@@ -285,7 +323,8 @@ class RewardChange:
     group advantages divide by; NaN when no prompt has two images); ``change`` and its paired 95%
     interval ``low`` / ``high`` (stratified by category, :func:`paired_change_interval`);
     ``ground_truth``: the reward's mean on ground-truth renders of the same prompts (what a perfect
-    generator would score; ``None`` when not measured).
+    generator would score; ``None`` when not measured); ``per_category``: the same per GenEval
+    category, each in its own starting std (:class:`CategoryEffect`).
     """
 
     before: float
@@ -296,6 +335,7 @@ class RewardChange:
     low: float
     high: float
     ground_truth: float | None = None
+    per_category: dict[str, CategoryEffect] = field(default_factory=dict)
 
     @property
     def effect(self) -> float:
@@ -329,6 +369,15 @@ class RewardChange:
             f"{prefix}_ground_truth": self.ground_truth,
             f"{prefix}_ground_truth_effect_sd": self.ground_truth_effect,
             f"{prefix}_gap_closed": self.gap_closed,
+            f"{prefix}_per_category": {
+                name: {
+                    "before": c.before,
+                    "after": c.after,
+                    "effect_sd": c.effect,
+                    "ground_truth_effect_sd": c.ground_truth_effect,
+                }
+                for name, c in self.per_category.items()
+            },
         }
 
 
@@ -367,8 +416,10 @@ def reward_change(
         return out
 
     before, after = scores(images_before), scores(images_after)
-    truth = None if ground_truth_images is None else float(np.mean(scores(ground_truth_images)))
-    change, low, high = paired_change_interval(before, after, [prompt.category for prompt, _ in items])
+    truth_scores = None if ground_truth_images is None else scores(ground_truth_images)
+    truth = None if truth_scores is None else float(np.mean(truth_scores))
+    categories = [prompt.category for prompt, _ in items]
+    change, low, high = paired_change_interval(before, after, categories)
     return RewardChange(
         before=float(np.mean(before)),
         after=float(np.mean(after)),
@@ -378,6 +429,7 @@ def reward_change(
         low=low,
         high=high,
         ground_truth=truth,
+        per_category=category_effects(before, after, truth_scores, categories),
     )
 
 

@@ -178,4 +178,22 @@ def _fixed_seed_lines(change: RewardChange, evaluation: SetEvaluation, oracle: s
             + (f"; training closed {closed:.0%} of that gap." if closed is not None else "."),
             "",
         ]
+    if change.per_category:
+        lines += _category_effect_lines(change)
     return lines
+
+
+def _category_effect_lines(change: RewardChange) -> list[str]:
+    """Per category, each in its own starting sd: where the reward moved, and where it had room."""
+    names = list(change.per_category)
+    rows = [("after training", [c.effect for c in change.per_category.values()])]
+    if change.ground_truth is not None:
+        rows.append(("ground-truth renders", [c.ground_truth_effect for c in change.per_category.values()]))
+    return [
+        "Per category, in each category's own starting sd (where the reward's headroom is):",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        *[f"| {label} | " + " | ".join(_sd_text(v) for v in values) + " |" for label, values in rows],
+        "",
+    ]

@@ -38,11 +38,23 @@ def test_ceiling_rows_calibration(ceiling):
     assert rows["truth"]["accuracy"] == 1.0 and rows["truth"]["mean_wrong"] is None
 
 
+def test_category_rows_by_hand(ceiling):
+    scores = {"start": {"r": [0.0, 1.0, 2.0, 2.0]}, "after": {"r": [1.0, 2.0, 2.0, 2.0]}}
+    rows = {row["images"]: row for row in ceiling.category_rows(scores, ["a", "a", "b", "b"], "start")}
+    # a: start [0, 1] (std 0.71), +1 each; b: no spread at the start, so no unit
+    assert rows["after"]["effect_sd_per_category"]["a"] == pytest.approx(1 / 0.5**0.5)
+    assert rows["after"]["effect_sd_per_category"]["b"] is None
+
+
 def test_short_run_on_the_toy_models(ceiling, tmp_path, capsys):
     out = tmp_path / "scores.json"
     assert ceiling.main(["--images", "12", "--models", "toy-sd-web70", "toy-sd", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    by = {(row.get("reward"), row.get("images")): row for row in rows}
+    by = {(row.get("reward"), row.get("images")): row for row in rows if "effect_sd" in row}
+    per_category = [row for row in rows if "effect_sd_per_category" in row]
+    assert len(per_category) == len(by) == 6  # two rewards x (start, toy-sd, ground truth)
+    start = next(r for r in per_category if r["images"] == "toy-sd-web70")["effect_sd_per_category"]
+    assert len(start) == 6 and all(v is None or v == pytest.approx(0.0) for v in start.values())
     assert by[("oracle mixed", "ground truth")]["accuracy"] == 1.0  # every render satisfies its prompt
     assert by[("oracle mixed", "ground truth")]["mean"] == pytest.approx(1.5)  # 1 + half of all checks
     assert by[("learned (vlm_yes)", "toy-sd-web70")]["effect_sd"] == pytest.approx(0.0)

@@ -11,12 +11,14 @@ import torch
 from genalign.rewards.base import Reward, RewardOutput
 from genalign.toy.demo import HackingCheck, demo_summary, hacking_check
 from genalign.toy.evaluation import (
+    SetEvaluation,
     eval_set,
     ground_truth_renders,
     paired_change_interval,
     pooled_within_std,
     reward_change,
 )
+from genalign.toy.hacking import _fixed_seed_lines
 from genalign.toy.shapes_eval import evaluate
 
 
@@ -109,3 +111,32 @@ def test_ground_truth_renders_satisfy_their_prompts_and_measure_the_reachable_ga
     low = reward_change(MeanBrightness(), items, before, after, ground_truth_images=truth * 0.1)
     assert low.gap_closed is None and low.ground_truth_effect < 0
     assert reward_change(MeanBrightness(), items, before, after).summary("r")["r_ground_truth"] is None
+
+
+def test_per_category_effects_are_in_each_categorys_own_starting_sd():
+    items = eval_set("rl_train", images_per_category=4)
+    n = len(items)
+    categories = [p.category for p, _ in items]
+    generator = torch.Generator().manual_seed(3)
+    levels = torch.rand(n, generator=generator) * 0.5
+    gains = torch.tensor([0.05 * (1 + sorted(set(categories)).index(c)) for c in categories])
+    before = levels.view(n, 1, 1, 1).expand(n, 3, 8, 8).clone()
+    after = (levels + gains).view(n, 1, 1, 1).expand(n, 3, 8, 8).clone()
+    truth = torch.full((n, 3, 8, 8), 0.9)
+    change = reward_change(MeanBrightness(), items, before, after, ground_truth_images=truth)
+    assert list(change.per_category) == list(dict.fromkeys(categories))
+    for category, effect in change.per_category.items():  # against numpy on that category's images
+        mask = np.asarray(categories) == category
+        b = levels.double().numpy()[mask]
+        gain = 0.05 * (1 + sorted(set(categories)).index(category))
+        assert effect.count == mask.sum() == 4
+        assert effect.effect == pytest.approx(gain / b.std(ddof=1), rel=1e-5)
+        assert effect.ground_truth_effect == pytest.approx((0.9 - b.mean()) / b.std(ddof=1), rel=1e-5)
+    summary = change.summary("rl_train_reward")["rl_train_reward_per_category"]
+    assert summary["counting"]["effect_sd"] == pytest.approx(change.per_category["counting"].effect)
+    lines = "\n".join(_fixed_seed_lines(change, SetEvaluation("rl_train", items, {}, {}), None))
+    header = next(line for line in lines.splitlines() if line.startswith("| |"))
+    assert header == "| | " + " | ".join(change.per_category) + " |"
+    assert "| ground-truth renders |" in lines
+    flat = reward_change(MeanBrightness(), items, after * 0 + 0.5, after)  # no spread at the start
+    assert all(c.effect is None for c in flat.per_category.values())
