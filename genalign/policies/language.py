@@ -194,6 +194,7 @@ class LanguagePolicy(torch.nn.Module):
         self.suppressed_token_ids = sorted(int(i) for i in placeholders if 0 <= int(i) < len(self.tokenizer))
         self.lora = LoRASpec(**lora) if isinstance(lora, dict) else lora
         self._reference_model: torch.nn.Module | None = None
+        self.synced_generation = False  # set when the trainer shards the model (FSDP)
         model.requires_grad_(False)
         if self.lora is not None:
             self._add_lora(train)
@@ -288,25 +289,26 @@ class LanguagePolicy(torch.nn.Module):
         )
         return cls(model, processor, lora=lora, train=train, device=device, dtype=dtype, frozen=frozen)
 
-    def save_pretrained(self, folder: str | Path) -> Path:
+    def save_pretrained(self, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the trained weights with the tokenizer or processor: under LoRA a peft adapter
         folder (``adapter_config.json``, ``adapter_model.safetensors``, loadable with
         ``peft.PeftModel.from_pretrained(base_model, folder)``), otherwise the whole model in
-        transformers format."""
+        transformers format. ``state_dict``: the model's full state to write instead of its own
+        (under FSDP the gathered one: the model's parameters are shards)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
             from peft import get_peft_model_state_dict
             from safetensors.torch import save_file
 
-            state = get_peft_model_state_dict(self.model)
+            state = get_peft_model_state_dict(self.model, state_dict=state_dict)
             state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
             save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
             config = self.lora.to_peft()
             config.base_model_name_or_path = getattr(self.model, "name_or_path", None)
             config.save_pretrained(str(folder))
         else:
-            self.model.save_pretrained(folder)
+            self.model.save_pretrained(folder, state_dict=state_dict)
         self.processor.save_pretrained(folder)
         return folder
 
@@ -560,6 +562,7 @@ class LanguagePolicy(torch.nn.Module):
                 attention_mask=prompt_mask,
                 generation_config=config,
                 logits_processor=LogitsProcessorList([processor]),
+                synced_gpus=self.synced_generation,  # under FSDP: the same passes on every process
                 **pack_model_inputs(model_inputs, prompt_ids.device),
             )
         return sequences[:, prompt_ids.shape[1] :]

@@ -367,10 +367,6 @@ class RecipeConfig:
                 f"supervised fine-tuning (train.method 'sft') takes train.loss 'sft' and train.strategy 'sft', "
                 f"but train.loss is {loss!r} and train.strategy is {strategy!r}"
             )
-        if self.train.fsdp:
-            raise ConfigError(
-                "train.fsdp: the 'language' family is not sharded yet; train it with DDP or on one process"
-            )
         lora = self.model.lora
         if self.model.frozen and lora is not None:
             raise ConfigError(
@@ -427,6 +423,8 @@ class RecipeConfig:
             )
         if not rewrite:
             return
+        if self.train.fsdp:
+            raise ConfigError("train.fsdp: a joint run (rewriter) is not sharded yet; use DDP or one process")
         rate = self.rewriter.learning_rate
         rates = self.train.policy_learning_rates
         if rate is not None:

@@ -1,9 +1,10 @@
-"""Sharded training of the denoiser with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+"""Sharded training with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
 Under ``train.fsdp: true`` (or an ``accelerate`` config with ``distributed_type: FSDP``) and more
-than one process, the trainer shards the denoiser's parameters, gradients and optimiser state
-across processes. ``fully_shard`` converts modules in place, so the pipeline keeps the same
-denoiser object and every policy works unchanged; parameters become ``DTensor`` s.
+than one process, the trainer shards the denoiser's (a ``language`` policy's: the model's)
+parameters, gradients and optimiser state across processes (:func:`shard_policy`).
+``fully_shard`` converts modules in place, so the pipeline keeps the same denoiser object and
+every policy works unchanged; parameters become ``DTensor`` s.
 
 Contract with the trainer (``Trainer.train_step``):
 
@@ -47,9 +48,23 @@ def fsdp_available() -> bool:
     return torch.distributed.is_available()
 
 
-def shard_module(module: torch.nn.Module, wrap_classes: Sequence[str] = DEFAULT_WRAP_CLASSES) -> int:
+def shard_module(
+    module: torch.nn.Module,
+    wrap_classes: Sequence[str] = DEFAULT_WRAP_CLASSES,
+    extra_units: Sequence[torch.nn.Module] = (),
+) -> int:
     """Apply ``fully_shard`` to every submodule whose class name is in ``wrap_classes``, then to
-    ``module`` itself; return the number of FSDP units made. Needs an initialised process group."""
+    each of ``extra_units``, then to ``module`` itself; return the number of FSDP units made.
+    Needs an initialised process group."""
+    dtypes = sorted(
+        {str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()}
+    )
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"train.fsdp: the model to shard holds parameters in {' and '.join(dtypes)} (LoRA's fp32 adapters "
+            "on a lower-precision model, or layers a model keeps in fp32), and FSDP2 shards one dtype per "
+            "unit: load it with model.dtype=float32"
+        )
     if not fsdp_available():
         raise RuntimeError("train.fsdp needs torch.distributed.fsdp.fully_shard (PyTorch >= 2.6)")
     if not torch.distributed.is_initialized():
@@ -64,8 +79,56 @@ def shard_module(module: torch.nn.Module, wrap_classes: Sequence[str] = DEFAULT_
         if type(submodule).__name__ in wanted:
             fully_shard(submodule)
             units += 1
+    for submodule in extra_units:
+        fully_shard(submodule)
     fully_shard(module)
-    return units + 1
+    if extra_units:  # FSDP2 makes the first unit to run forward the root: settle it as `module` now
+        module._get_fsdp_state()._lazy_init()  # (generate may run an encoder unit before it)
+    return units + len(extra_units) + 1
+
+
+def shard_policy(policy: Any, wrap_classes: Sequence[str] = ()) -> int:
+    """Shard what a policy trains, and its frozen reference copy if it keeps one: a diffusion
+    policy's denoiser (units: ``wrap_classes``, default :data:`DEFAULT_WRAP_CLASSES`), or a
+    ``language`` policy's model (units: ``wrap_classes``, default the model's own
+    ``_no_split_modules``, its decoder layers and vision blocks, as accelerate's FSDP wraps them).
+    A language policy then generates with ``synced_gpus``: every process runs forward passes until
+    the longest completion on any process ends, since each pass gathers parameters from all.
+    Returns the trained module's number of FSDP units."""
+    if hasattr(policy, "denoiser"):
+        wrap = list(wrap_classes) or list(DEFAULT_WRAP_CLASSES)
+        modules = [policy.denoiser, policy._reference_denoiser]
+    else:
+        wrap = list(wrap_classes) or list(getattr(policy.model, "_no_split_modules", None) or [])
+        modules = [policy.model, policy.reference_module]
+        policy.synced_generation = True
+    units = shard_module(modules[0], wrap, encoder_units(modules[0]))
+    if modules[1] is not None:
+        shard_module(modules[1], wrap, encoder_units(modules[1]))
+    return units
+
+
+def encoder_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """A VLM's image encoder parts (its base model's children other than the language model:
+    Qwen-VL's ``visual``, LLaVA's ``vision_tower`` and ``multi_modal_projector``), made FSDP units
+    of their own: ``generate`` runs them through ``get_image_features``, outside the root module's
+    forward, so parameters left in the root unit would not be gathered. None for other models."""
+    if getattr(getattr(model, "config", None), "vision_config", None) is None:
+        return []
+    base = getattr(model, "base_model", model)
+    containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
+    return [
+        child
+        for name, child in base.named_children()
+        if name != "language_model"
+        and not isinstance(child, containers)
+        and any(True for _ in child.parameters())
+    ]
+
+
+def sharded_root(policy: Any) -> torch.nn.Module:
+    """The module :func:`shard_policy` shards for training (its optimiser state is gathered by it)."""
+    return policy.denoiser if hasattr(policy, "denoiser") else policy.model
 
 
 def is_dtensor(tensor: Any) -> bool:

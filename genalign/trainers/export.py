@@ -64,8 +64,9 @@ def _export_policy(trainer: Trainer, policy: Any, out: Path) -> Path:
     from genalign.trainers.distributed import full_state
 
     if isinstance(policy, LanguagePolicy):
+        state = full_state(dict(policy.model.state_dict())) if trainer.sharded else None  # collective
         if trainer.is_main_process:
-            policy.save_pretrained(out)
+            policy.save_pretrained(out, state_dict=state)
             judge = _judge_settings(trainer)
             if judge:
                 (out / "iqa_judge.json").write_text(json.dumps(judge, indent=2) + "\n", encoding="utf-8")

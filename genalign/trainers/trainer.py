@@ -122,20 +122,13 @@ class Trainer:
         for monitor in self.monitors.values():
             monitor.to(self.device)
         self.sharded = self._wants_fsdp() and self.accelerator.num_processes > 1
-        if self.sharded and not isinstance(policy, DiffusionPolicy):
-            raise ValueError(
-                f"FSDP shards a diffusion denoiser; the {policy.family!r} policy is not sharded yet"
-            )
+        if self.sharded and not isinstance(policy, DiffusionPolicy | LanguagePolicy):
+            raise ValueError(f"FSDP shards a denoiser or a language model, not a {policy.family!r} policy")
         if self.sharded:
-            from genalign.trainers.distributed import DEFAULT_WRAP_CLASSES, shard_module
+            from genalign.trainers.distributed import shard_policy
 
-            wrap = list(train.fsdp_wrap) if train.fsdp_wrap else list(DEFAULT_WRAP_CLASSES)
-            units = shard_module(policy.denoiser, wrap)
-            if policy._reference_denoiser is not None:
-                shard_module(policy._reference_denoiser, wrap)
-            logger.info(
-                "FSDP: denoiser sharded over %d processes in %d units", self.accelerator.num_processes, units
-            )
+            units = shard_policy(policy, train.fsdp_wrap)
+            logger.info("FSDP: sharded over %d processes in %d units", self.accelerator.num_processes, units)
         self.parameters = policy.trainable_parameters()
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters (loaded with train=False?)")

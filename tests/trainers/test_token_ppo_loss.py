@@ -135,7 +135,6 @@ RECIPE = ROOT / "configs" / "toy" / "grpo_language.yaml"
         ("sampling.language.max_new_tokens=0", "sampling.language.max_new_tokens"),
         ("train.loss=ppo_clip", "train.loss"),
         ("train.strategy=b2diffurl", "train.strategy"),
-        ("train.fsdp=true", "train.fsdp"),
         ("model.lora={rank: 4}", "model.lora.target_modules"),
     ],
 )
