@@ -186,6 +186,27 @@ def load_full_optimizer_state(
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+def sum_over_processes(
+    sums: dict[str, float], count: int, device: torch.device | str = "cpu"
+) -> tuple[dict[str, float], int]:
+    """Each process's metric sums and number of loss calls, summed over the processes, so that an
+    update's logged metrics (``approx_kl``, ``clipfrac``, ...) average every process's calls, not
+    only the main one's. A collective (every process calls it); unchanged without a process group.
+    A key some process lacks counts 0 there, as a call without it does on one process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return sums, count
+    names: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(names, sorted(sums))
+    keys = sorted(set().union(*names))
+    values = torch.tensor(
+        [sums.get(k, 0.0) for k in keys] + [float(count)], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(values)
+    totals = values.tolist()
+    return dict(zip(keys, totals[:-1])), int(totals[-1])
+
+
 def release_process_group(accelerator: Any) -> None:
     """End a multi-process run's communication: a barrier, then destroy the default process group.
 

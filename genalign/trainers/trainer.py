@@ -50,6 +50,7 @@ from genalign.rewards import Reward
 from genalign.trainers.checkpoint import latest_checkpoint
 from genalign.trainers.config import RecipeConfig
 from genalign.trainers.diagnostics import parameter_change, snapshot
+from genalign.trainers.distributed import sum_over_processes
 from genalign.trainers.ema import ParameterEMA
 from genalign.trainers.guards import count_nonfinite, gradients_are_finite
 from genalign.trainers.interrupts import GracefulStop, StepSnapshot
@@ -296,8 +297,8 @@ class Trainer:
         trainable_steps: torch.Tensor,
         num_window_steps: int | None = None,
     ) -> dict[str, Any]:
-        """The inner epochs of minibatch updates on ``batch``; returns the mean loss metrics and the
-        fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`).
+        """The inner epochs of minibatch updates on ``batch``; returns the loss metrics (means over
+        every process's loss calls, weighted by their rows) and the fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`).
         ``num_window_steps``: the steps ``timestep_fraction`` is a fraction of (None: the trainable ones)."""
         train = self.config.train
         self._grad_norms = []
@@ -310,18 +311,20 @@ class Trainer:
         for epoch in range(train.inner_epochs):
             passes = (train, step, epoch, batch.global_index, global_size, trainable_steps, kept)
             for part in epoch_passes(*passes, sharded_over, batch.global_group_ids, num_window_steps):
-                for info in self._backward(batch, part):
+                for info, rows in self._backward(batch, part):  # weighted by rows: a mean over samples
                     for key, value in info.items():
-                        sums[key] = sums.get(key, 0.0) + float(value)
-                    counts += 1
+                        sums[key] = sums.get(key, 0.0) + float(value) * rows
+                    counts += rows
                 if part.optimizer_step:
                     self._optimizer_step()
+        sums, counts = sum_over_processes(sums, counts, self.device)  # every process's loss calls
         metrics = {"zero_advantage_fraction": int((~kept).sum()) / max(global_size, 1)}
         metrics.update({key: value / max(counts, 1) for key, value in sums.items()})
         return metrics
 
-    def _backward(self, batch: RolloutBatch, part: MinibatchPass) -> list[dict[str, Any]]:
-        """Accumulate the gradients of one minibatch pass; the metrics of its (non-dummy) losses."""
+    def _backward(self, batch: RolloutBatch, part: MinibatchPass) -> list[tuple[dict[str, Any], int]]:
+        """Accumulate the gradients of one minibatch pass; the metrics of its (non-dummy) losses,
+        each with its number of rows."""
         if not part.rows:
             return []
         train = self.config.train
@@ -336,7 +339,7 @@ class Trainer:
             loss = loss * (weight / part.accumulated)  # the mean over the optimiser step's minibatches
             (loss if self.loss_scale is None else self.loss_scale.scale_loss(loss)).backward()
             if not part.dummy:
-                infos.append(info)
+                infos.append((info, len(rows)))
         return infos
 
     def _optimizer_step(self) -> None:

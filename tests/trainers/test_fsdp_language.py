@@ -54,6 +54,7 @@ def test_fsdp_language_matches_one_process_and_resumes(tmp_path, case):
 
     from genalign.policies import load_policy
     from genalign.trainers.checkpoint import latest_checkpoint, load_checkpoint
+    from genalign.trainers.run_folder import read_metrics
 
     recipe = CASES[case]  # full fine-tuning keeps (and shards) a reference copy for the KL
     _torchrun(SCRIPT, tmp_path / "fsdp", *recipe, "train.fsdp=true")
@@ -73,6 +74,13 @@ def test_fsdp_language_matches_one_process_and_resumes(tmp_path, case):
         torch.testing.assert_close(resumed[name], rank0[name], atol=1e-5, rtol=1e-4)
     moved = [not torch.equal(single[n], initial[n]) for n in single]
     assert all(moved) if case.startswith("qwen2-") else any(moved)  # (Q-Hawkeye: no reward spread here)
+    # the logged update metrics average every process's loss calls, as one process's do
+    two, one = (read_metrics(tmp_path / run / "run" / "metrics.jsonl") for run in ("fsdp", "one"))
+    assert [row["step"] for row in two] == [row["step"] for row in one] == [0, 1]
+    for sharded, single_row in zip(two, one):
+        for key in ("completion_tokens", "approx_kl", "clipfrac", "kl", "policy_loss"):
+            if key in single_row:
+                assert sharded[key] == pytest.approx(single_row[key], rel=1e-3, abs=1e-7), key
     checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "fsdp" / "run"))
     for name, value in checkpoint.tensors["trainable"].items():
         assert torch.equal(value, rank0[name]), name
