@@ -189,10 +189,11 @@ def load_full_optimizer_state(
 def sum_over_processes(
     sums: dict[str, float], count: int, device: torch.device | str = "cpu"
 ) -> tuple[dict[str, float], int]:
-    """Each process's metric sums and number of loss calls, summed over the processes, so that an
-    update's logged metrics (``approx_kl``, ``clipfrac``, ...) average every process's calls, not
-    only the main one's. A collective (every process calls it); unchanged without a process group.
-    A key some process lacks counts 0 there, as a call without it does on one process."""
+    """Each process's metric sums (each loss call's value times its rows) and their total weight,
+    summed over the processes, so that an update's logged metrics (``approx_kl``, ``clipfrac``, ...)
+    average every process's samples, not only the main one's. A collective (every process calls
+    it); unchanged without a process group. A key some process lacks counts 0 there, as a call
+    without it does on one process."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return sums, count

@@ -298,7 +298,8 @@ class Trainer:
         num_window_steps: int | None = None,
     ) -> dict[str, Any]:
         """The inner epochs of minibatch updates on ``batch``; returns the loss metrics (means over
-        every process's loss calls, weighted by their rows) and the fraction of zero-advantage samples (:mod:`genalign.trainers.minibatches`).
+        every process's loss calls, weighted by their rows) and the fraction of zero-advantage
+        samples (:mod:`genalign.trainers.minibatches`).
         ``num_window_steps``: the steps ``timestep_fraction`` is a fraction of (None: the trainable ones)."""
         train = self.config.train
         self._grad_norms = []
