@@ -191,6 +191,11 @@ class DiffusionPolicy(torch.nn.Module):
         """The network whose parameters are trained (the trainer's view; the denoiser here)."""
         return self.denoiser
 
+    @property
+    def reference_module(self) -> torch.nn.Module | None:
+        """The frozen copy that serves as reference under full fine-tuning (None under LoRA)."""
+        return self._reference_denoiser
+
     def frozen_modules(self) -> list[torch.nn.Module]:
         """Modules never trained (VAE, text encoders)."""
         return [m for m in self.pipeline.components.values() if isinstance(m, torch.nn.Module)]

@@ -94,17 +94,16 @@ def shard_policy(policy: Any, wrap_classes: Sequence[str] = ()) -> int:
     ``_no_split_modules``, its decoder layers and vision blocks, as accelerate's FSDP wraps them).
     A language policy then generates with ``synced_gpus``: every process runs forward passes until
     the longest completion on any process ends, since each pass gathers parameters from all.
-    Returns the trained module's number of FSDP units."""
+    Returns the trained module's (``policy.trained_module``'s) number of FSDP units."""
+    module, reference = policy.trained_module, policy.reference_module
     if hasattr(policy, "denoiser"):
         wrap = list(wrap_classes) or list(DEFAULT_WRAP_CLASSES)
-        modules = [policy.denoiser, policy._reference_denoiser]
     else:
-        wrap = list(wrap_classes) or list(getattr(policy.model, "_no_split_modules", None) or [])
-        modules = [policy.model, policy.reference_module]
+        wrap = list(wrap_classes) or list(getattr(module, "_no_split_modules", None) or [])
         policy.synced_generation = True
-    units = shard_module(modules[0], wrap, encoder_units(modules[0]))
-    if modules[1] is not None:
-        shard_module(modules[1], wrap, encoder_units(modules[1]))
+    units = shard_module(module, wrap, encoder_units(module))
+    if reference is not None:
+        shard_module(reference, wrap, encoder_units(reference))
     return units
 
 
@@ -124,11 +123,6 @@ def encoder_units(model: torch.nn.Module) -> list[torch.nn.Module]:
         and not isinstance(child, containers)
         and any(True for _ in child.parameters())
     ]
-
-
-def sharded_root(policy: Any) -> torch.nn.Module:
-    """The module :func:`shard_policy` shards for training (its optimiser state is gathered by it)."""
-    return policy.denoiser if hasattr(policy, "denoiser") else policy.model
 
 
 def is_dtensor(tensor: Any) -> bool:

@@ -41,9 +41,9 @@ def trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def _optimizer_state(trainer: Trainer) -> dict[str, Any]:
     if trainer.sharded:
-        from genalign.trainers.distributed import full_optimizer_state, sharded_root
+        from genalign.trainers.distributed import full_optimizer_state
 
-        return full_optimizer_state(sharded_root(trainer.policy), trainer.optimizer)
+        return full_optimizer_state(trainer.policy.trained_module, trainer.optimizer)
     return trainer.optimizer.state_dict()
 
 
@@ -120,11 +120,13 @@ def resume_trainer(trainer: Trainer, where: str) -> None:
     missing = sorted(set(named) - set(saved))
     if missing:
         raise ValueError(f"checkpoint {path} lacks trainable parameters {missing[:5]}")
-    from genalign.trainers.distributed import load_full_into, load_full_optimizer_state, sharded_root
+    from genalign.trainers.distributed import load_full_into, load_full_optimizer_state
 
     load_full_into(named, saved)
     if trainer.sharded:
-        load_full_optimizer_state(sharded_root(trainer.policy), trainer.optimizer, checkpoint.optimizer_state)
+        load_full_optimizer_state(
+            trainer.policy.trained_module, trainer.optimizer, checkpoint.optimizer_state
+        )
     else:
         trainer.optimizer.load_state_dict(checkpoint.optimizer_state)
     trainer.lr_scheduler.load_state_dict(checkpoint.scheduler_state)
