@@ -254,6 +254,33 @@ def test_a_worker_that_dies_is_replaced_and_reported(pool):
     assert all(r.ok for r in pool.render([SCENE] * 3, 32, 32))
 
 
+UNGUARDED_SCRIPT = """
+import sys
+print("top-level code ran", flush=True)
+from genalign.rewards.svg.pool import SVGRenderPool
+with SVGRenderPool(workers=2, start_method=sys.argv[1], startup_timeout=60) as pool:
+    results = pool.render([{scene!r}] * 3, 16, 16)
+print("rendered", [r.ok for r in results], flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_script_without_a_main_guard_renders_and_is_not_run_again(tmp_path, method):
+    """spawn / forkserver children re-run the parent's main script unless the pool hides it: an
+    unguarded script would then start the pool again inside each worker and fail (and a training
+    script would train again inside the forkserver)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "render_script.py"
+    script.write_text(UNGUARDED_SCRIPT.format(scene=SCENE), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script), method], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["top-level code ran", "rendered [True, True, True]"]
+
+
 # -- hostile input ---------------------------------------------------------------------------------
 
 

@@ -3,22 +3,26 @@
 Each render runs in a worker process under a per-render timeout: a worker that overruns is
 killed and replaced, a worker that crashes is replaced, and the batch carries on. Failures are
 values (:class:`~genalign.rewards.svg.render.RenderResult` with ``error`` set), never exceptions.
-Workers start through forkserver (spawn where there is none), so, as with any such
-multiprocessing, a script that renders must keep its top-level code under
-``if __name__ == "__main__":``. What a worker does per document is
-:mod:`genalign.rewards.svg.render`.
+Workers start through forkserver (spawn where there is none) and never import the main module:
+their code lives here, so the pool hides ``__main__`` while it starts them (:func:`_without_main`).
+A script that renders therefore needs no ``if __name__ == "__main__":`` guard, and its top-level
+code never runs again inside a worker (where an unguarded training script would start training
+over). What a worker does per document is :mod:`genalign.rewards.svg.render`.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
+import types
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -83,9 +87,9 @@ _PRELOAD_DONE = False
 def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     """forkserver where available (fork-safe beside torch threads; fast respawns), else spawn.
 
-    The forkserver preloads this module and the renderers once (besides ``__main__``, its
-    default), so forking a replacement worker after a timeout costs milliseconds instead of
-    re-importing torch. The setting only takes effect if the forkserver has not been started by
+    The forkserver preloads this module and the renderers once (not ``__main__``, its default:
+    workers do not need the user's script), so forking a replacement worker after a timeout costs
+    milliseconds instead of re-importing torch. The setting only takes effect if the forkserver has not been started by
     someone else yet; otherwise workers import on start (before they report ready, so no task
     deadline pays for it).
     """
@@ -96,9 +100,31 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         with _PRELOAD_LOCK:
             if not _PRELOAD_DONE:
-                context.set_forkserver_preload(["__main__", __name__, *_RENDERER_MODULES])
+                context.set_forkserver_preload([__name__, *_RENDERER_MODULES])
                 _PRELOAD_DONE = True
     return context
+
+
+@contextlib.contextmanager
+def _without_main() -> Iterator[None]:
+    """Start processes that do not import the main module.
+
+    spawn and forkserver children re-run the parent's main script (as ``__mp_main__``) before
+    their target, because the preparation data name it (``multiprocessing.spawn.
+    get_preparation_data`` reads ``sys.modules["__main__"]``'s ``__spec__`` and ``__file__``). A
+    render worker's target is in this module, so for the moment of ``Process.start()`` a bare
+    module stands in for ``__main__``: the child gets no main to import, and an unguarded script
+    is not run again (nor, inside the child, does it try to start workers of its own).
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is None:
+            del sys.modules["__main__"]
+        else:
+            sys.modules["__main__"] = main
 
 
 class _Worker:
@@ -107,7 +133,8 @@ class _Worker:
         self.process = context.Process(
             target=_worker_main, args=(child,), daemon=True, name="svg-render-worker"
         )
-        self.process.start()
+        with _without_main():
+            self.process.start()
         child.close()
         self.ready = False
         self.started = time.monotonic()
