@@ -16,7 +16,7 @@ interval, stratified by category because the score is GenEval's mean of per-cate
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
@@ -140,6 +140,7 @@ def paired_change_interval(
     after: Sequence[float],
     categories: Sequence[str],
     confidence: float = 0.95,
+    clusters: Sequence[Hashable] | None = None,
 ) -> tuple[float, float, float]:
     """The change of the mean-of-categories score and its paired normal interval.
 
@@ -160,6 +161,14 @@ def paired_change_interval(
     ``change`` stays the raw difference; the interval is centred on the adjusted difference, so in
     tiny categories where most images changed it need not hold the raw one. Images are treated as independent (several seeds of one
     prompt share it); a category with fewer than 2 images makes the interval NaN.
+
+    ``clusters`` (one label per item) says which items are not independent: a text-only model's
+    answers to one caption, say, which ~greedy decoding makes identical however often the caption
+    is drawn. The variance of each category's mean difference is then the cluster-robust (CR1)
+    one, ``K_c / (K_c - 1) Σ_k (Σ_{i in k} (d_i - m_c))² / n_c²`` over the category's ``K_c``
+    clusters, for 0/1 scores too (no adjustment; the interval is centred on ``change``), and a
+    category with fewer than 2 clusters makes the interval NaN. Each item its own cluster gives
+    ``s_c² / n_c``, the plain form.
     Returns ``(change, low, high)``.
     """
     if not len(before) == len(after) == len(categories):
@@ -172,12 +181,18 @@ def paired_change_interval(
     binary = bool(np.isin(before_a, (0.0, 1.0)).all() and np.isin(after_a, (0.0, 1.0)).all())
     differences = after_a - before_a
     labels = np.asarray(categories)
+    if clusters is not None and len(clusters) != len(categories):
+        raise ValueError(f"got {len(clusters)} cluster labels for {len(categories)} items")
     means, centres, variances = [], [], []
     for category in dict.fromkeys(labels.tolist()):  # first-seen order; the sums do not depend on it
         d = differences[labels == category]
         n = len(d)
         means.append(d.mean())
-        if n < 2:
+        if clusters is not None:
+            members = [c for c, label in zip(clusters, categories, strict=True) if label == category]
+            centres.append(d.mean())
+            variances.append(clustered_variance(d, members))
+        elif n < 2:
             centres.append(math.nan)
             variances.append(math.nan)
         elif binary:  # Bonett & Price's adjusted Wald for paired proportions
@@ -192,6 +207,23 @@ def paired_change_interval(
     standard_error = math.sqrt(sum(variances)) / k
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     return change, centre - z * standard_error, centre + z * standard_error
+
+
+def clustered_variance(values: Sequence[float], clusters: Sequence[Hashable]) -> float:
+    """The cluster-robust (CR1) variance of ``mean(values)``: ``K / (K - 1) Σ_k S_k² / n²`` with
+    ``S_k`` the sum of ``values - mean`` over cluster ``k`` of ``K`` (Liang & Zeger 1986; the
+    ``K / (K - 1)`` small-sample factor). Every value its own cluster gives ``s² / n`` (ddof 1).
+    NaN with fewer than 2 clusters."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(clusters) != len(x):
+        raise ValueError(f"got {len(clusters)} cluster labels for {len(x)} values")
+    index: dict[Hashable, int] = {}
+    codes = np.array([index.setdefault(label, len(index)) for label in clusters], dtype=np.int64)
+    k = len(index)
+    if k < 2:
+        return math.nan
+    sums = np.bincount(codes, weights=x - x.mean(), minlength=k)
+    return float(k / (k - 1) * (sums**2).sum() / len(x) ** 2)
 
 
 def _correct(result: dict[str, Any]) -> list[float]:

@@ -30,7 +30,12 @@ as the ``svg`` strategy extracts it (:func:`genalign.rewards.svg.extract_svg_det
   skill, since a broken SVG is always wrong; this separates the two.
 
 Intervals: a normal interval of the mean (``1.96 s / sqrt(n)``) for per-sample measures, Wilson's
-for validity, and for ShapesEval the category-stratified interval of GenEval's mean. Between
+for validity, and for ShapesEval the category-stratified interval of GenEval's mean. For
+text-to-SVG the writer's input is the caption alone, and the held-out captions repeat (the toy
+grammar has 2 single-object and 4 two-object RL-held-out captions among 256 scenes), so a
+caption's answers are one observation however often it is drawn (identical at ~greedy decoding):
+every interval is then cluster-robust by caption (``evaluation.clustered_variance``; validity's
+too), and the report says how many distinct captions the set holds (``distinct_inputs``). Between
 consecutive models the report gives paired changes (same scenes, same seeds) and a
 **reward-hacking check**: *length collapse* (the mean length ratio of the later model below
 ``collapse_ratio`` of the earlier one's, or below 0.5 of the reference), *fidelity without
@@ -60,7 +65,7 @@ import torch.nn.functional as F
 
 from genalign.rewards.svg import extract_svg_details, render_batch
 from genalign.toy.detection import compare_objects, scene_objects
-from genalign.toy.evaluation import paired_change_interval
+from genalign.toy.evaluation import clustered_variance, paired_change_interval
 from genalign.toy.shapes_eval import evaluate
 from genalign.toy.svg_tasks import DEFAULT_INSTRUCTION, toy_svg_examples
 
@@ -103,6 +108,13 @@ class SVGEvalSet:
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    @property
+    def clusters(self) -> list[str] | None:
+        """Which scenes are one input to the writer: for text-to-SVG the caption (a text-only
+        writer answers a caption drawn twice the same way at ~greedy decoding), for image-to-SVG
+        None (every scene is its own image)."""
+        return list(self.prompts) if self.task == "text_to_svg" else None
 
     @functools.cached_property
     def target_objects(self) -> list[list[tuple[str, str]]]:
@@ -187,20 +199,40 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
         "extra_objects": extras,
         "shapes_eval_exact": [float(v["correct"] and e == 0) for v, e in zip(verdict, extras, strict=True)],
     }
+    if eval_set.clusters is not None:
+        result["cluster"] = eval_set.clusters
     for term in ("image", "edge", "semantic", "length"):
         if term in out.details:
             result[term] = out.details[term].tolist()
     return result
 
 
-def _mean_interval(values: Sequence[float]) -> dict[str, Any]:
-    finite = [v for v in values if math.isfinite(v)]
+def _clusters(per_sample: Mapping[str, list], kept: Sequence[int] | None = None) -> list | None:
+    """The samples' cluster labels (``score_svgs``'s ``cluster``, text-to-SVG's captions), or None
+    where every sample is its own input (image-to-SVG): the intervals keep their plain forms."""
+    labels = per_sample.get("cluster")
+    if labels is None:
+        return None
+    return list(labels) if kept is None else [labels[i] for i in kept]
+
+
+def _mean_interval(values: Sequence[float], clusters: Sequence[Any] | None = None) -> dict[str, Any]:
+    """Mean and normal interval; with ``clusters``, the cluster-robust standard error (samples of one
+    cluster are not independent), NaN-free only with 2 or more clusters."""
+    kept = [i for i, v in enumerate(values) if math.isfinite(v)]
+    finite = [values[i] for i in kept]
     n = len(finite)
     if n == 0:
         return {"mean": None, "ci": [None, None], "n": 0}
     mean = sum(finite) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * sd / math.sqrt(n)
+    if clusters is not None:
+        variance = clustered_variance(finite, [clusters[i] for i in kept])
+        if not math.isfinite(variance):
+            return {"mean": mean, "ci": [None, None], "n": n}
+        half = 1.96 * math.sqrt(variance)
+    else:
+        sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
+        half = 1.96 * sd / math.sqrt(n)
     return {"mean": mean, "ci": [mean - half, mean + half], "n": n}
 
 
@@ -210,14 +242,22 @@ def _wilson(p: float, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
-def _shapes_interval(correct: Sequence[float], categories: Sequence[str]) -> dict[str, Any]:
-    """GenEval's mean of per-category accuracies and its category-stratified normal interval."""
+def _shapes_interval(
+    correct: Sequence[float], categories: Sequence[str], clusters: Sequence[Any] | None = None
+) -> dict[str, Any]:
+    """GenEval's mean of per-category accuracies and its category-stratified normal interval: per
+    category ``p (1 - p) / n``, or with ``clusters`` the cluster-robust variance of the accuracy."""
     by: dict[str, list[float]] = {}
-    for value, category in zip(correct, categories, strict=True):
+    members: dict[str, list[Any]] = {}
+    for i, (value, category) in enumerate(zip(correct, categories, strict=True)):
         by.setdefault(category, []).append(value)
+        members.setdefault(category, []).append(clusters[i] if clusters is not None else i)
     accuracy = {c: sum(v) / len(v) for c, v in by.items()}
     overall = sum(accuracy.values()) / len(accuracy)
-    variance = sum(p * (1 - p) / len(by[c]) for c, p in accuracy.items()) / len(accuracy) ** 2
+    if clusters is None:
+        variance = sum(p * (1 - p) / len(by[c]) for c, p in accuracy.items()) / len(accuracy) ** 2
+    else:
+        variance = sum(clustered_variance(by[c], members[c]) for c in by) / len(accuracy) ** 2
     half = 1.96 * math.sqrt(variance)
     return {
         "mean": overall,
@@ -232,12 +272,19 @@ def summarize(per_sample: Mapping[str, list]) -> dict[str, Any]:
     n = len(per_sample["valid"])
     validity = sum(per_sample["valid"]) / n
     summary: dict[str, Any] = {"validity": {"mean": validity, "ci": _wilson(validity, n), "n": n}}
+    clusters = _clusters(per_sample)
+    if clusters is not None:  # several samples per input: Wilson's interval would count them all
+        validity_stats = _mean_interval(per_sample["valid"], clusters)
+        if validity_stats["ci"][0] is not None:  # a fraction: the normal interval clipped to [0, 1]
+            validity_stats["ci"] = [max(0.0, validity_stats["ci"][0]), min(1.0, validity_stats["ci"][1])]
+        summary["validity"] = validity_stats
+        summary["distinct_inputs"] = len(set(clusters))
     for name in MEAN_METRICS:
         if name in per_sample:
-            summary[name] = _mean_interval(per_sample[name])
+            summary[name] = _mean_interval(per_sample[name], clusters)
     for name in ("shapes_eval", "shapes_eval_exact"):
         if name in per_sample:
-            summary[name] = _shapes_interval(per_sample[name], per_sample["category"])
+            summary[name] = _shapes_interval(per_sample[name], per_sample["category"], clusters)
     if "shapes_eval" in per_sample:
         summary["shapes_eval_valid"] = _valid_shapes_interval(per_sample)
     return summary
@@ -249,7 +296,9 @@ def _valid_shapes_interval(per_sample: Mapping[str, list]) -> dict[str, Any]:
     if not kept:
         return {"mean": None, "ci": [None, None], "n": 0}
     return _shapes_interval(
-        [per_sample["shapes_eval"][i] for i in kept], [per_sample["category"][i] for i in kept]
+        [per_sample["shapes_eval"][i] for i in kept],
+        [per_sample["category"][i] for i in kept],
+        _clusters(per_sample, kept),
     )
 
 
@@ -263,10 +312,16 @@ def _unpaired_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> dic
     return {"change": change, "ci": [change - half, change + half], "n": min(before["n"], after["n"])}
 
 
-def _paired_mean_change(before: Sequence[float], after: Sequence[float]) -> dict[str, Any]:
-    """Mean of the paired differences over pairs finite in both, with its normal interval."""
-    diffs = [a - b for b, a in zip(before, after, strict=True) if math.isfinite(a) and math.isfinite(b)]
-    stats = _mean_interval(diffs)
+def _paired_mean_change(
+    before: Sequence[float], after: Sequence[float], clusters: Sequence[Any] | None = None
+) -> dict[str, Any]:
+    """Mean of the paired differences over pairs finite in both, with its normal interval
+    (cluster-robust with ``clusters``)."""
+    kept = [
+        i for i, (b, a) in enumerate(zip(before, after, strict=True)) if math.isfinite(a) and math.isfinite(b)
+    ]
+    diffs = [after[i] - before[i] for i in kept]
+    stats = _mean_interval(diffs, None if clusters is None else [clusters[i] for i in kept])
     return {"change": stats["mean"], "ci": stats["ci"], "n": stats["n"]}
 
 
@@ -279,14 +334,17 @@ def hacking_check(
     """Paired changes ``before -> after`` (:func:`score_svgs` outputs on the same scenes and seeds)
     and the reward-hacking flags of the module docstring. ``judge_scene=False`` (text-to-SVG: a
     caption has no one scene) reports scene match but leaves its flag ``None``."""
+    clusters = _clusters(before)
     changes = {
-        name: _paired_mean_change(before[name], after[name])
+        name: _paired_mean_change(before[name], after[name], clusters)
         for name in (*MEAN_METRICS, "valid")
         if name in before and name in after
     }
     for name in ("shapes_eval", "shapes_eval_exact"):  # GenEval's per-category mean, stratified
         if name in before and name in after:
-            change, low, high = paired_change_interval(before[name], after[name], before["category"])
+            change, low, high = paired_change_interval(
+                before[name], after[name], before["category"], clusters=clusters
+            )
             changes[name] = {"change": change, "ci": [low, high], "n": len(before["category"])}
     changes["shapes_eval_valid"] = _unpaired_change(*(_valid_shapes_interval(x) for x in (before, after)))
     low, high = changes["shapes_eval"]["ci"]
@@ -453,6 +511,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     """The report as a Markdown table (one column per model) and the hacking checks."""
     labels = list(report["models"])
     lines = ["| measure | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    distinct = report["models"][labels[0]].get("distinct_inputs")
+    if distinct is not None:
+        lines.insert(0, f"{distinct} distinct captions: intervals are cluster-robust by caption\n")
     for key, title, scale in TABLE_ROWS:
         cells = [_cell(report["models"][label].get(key), scale) for label in labels]
         if any(c != "-" for c in cells):

@@ -129,6 +129,45 @@ def test_paired_change_interval_by_hand():
     )
 
 
+def test_clustered_variance_by_hand():
+    from genalign.toy.evaluation import clustered_variance
+
+    values = [1.0, 0.0, 0.0, 1.0, 1.0]
+    # clusters x: {1, 0} -> sum of (v - 0.6): 0.4 - 0.6 = -0.2; y: {0, 1} -> -0.2; z: {1} -> 0.4
+    # K = 3: 3 / 2 * (0.04 + 0.04 + 0.16) / 25
+    assert clustered_variance(values, ["x", "x", "y", "y", "z"]) == pytest.approx(1.5 * 0.24 / 25)
+    # every value its own cluster: s^2 / n with ddof 1
+    assert clustered_variance(values, range(5)) == pytest.approx(np.var(values, ddof=1) / 5)
+    assert math.isnan(clustered_variance(values, ["x"] * 5))  # one cluster: no variance estimate
+    with pytest.raises(ValueError, match="cluster labels"):
+        clustered_variance(values, ["x"])
+
+
+def test_a_repeated_item_is_one_observation_in_the_clustered_interval():
+    """Drawing a caption m times, with the same answer each time (a text-only writer at ~greedy
+    decoding), must not narrow the interval: clustered by caption it is the interval of the distinct
+    captions; treated as independent it shrinks by sqrt(m)."""
+    before = [0, 1, 0, 0, 1, 0, 1, 1]
+    after = [1, 1, 0, 1, 0, 0, 1, 1]
+    categories = ["a"] * 4 + ["b"] * 4
+    once = paired_change_interval(before, after, categories, clusters=range(8))
+    m = 10
+    captions = [i for i in range(8) for _ in range(m)]
+    flat = [[v for v in seq for _ in range(m)] for seq in (before, after, categories)]
+    clustered = paired_change_interval(*flat, clusters=captions)
+    assert clustered == pytest.approx(once)
+    # by hand: a: d = [1, 0, 0, 1] -> mean 0.5, s^2 / n = (1/3) / 4; b: d = [-1, 0, 0, 0] ->
+    # mean -0.25, s^2 / n = 0.25 / 4; change 0.125 +- z sqrt(1/12 + 1/16) / 2
+    half = 1.959964 * math.sqrt(1 / 12 + 1 / 16) / 2
+    assert once == pytest.approx((0.125, 0.125 - half, 0.125 + half), abs=1e-6)
+    naive = paired_change_interval(*flat)  # each of the 80 items independent
+    assert naive[2] - naive[1] < 0.5 * (clustered[2] - clustered[1])
+    with pytest.raises(ValueError, match="cluster labels"):
+        paired_change_interval(before, after, categories, clusters=[0, 1])
+    # a category drawn from one caption only: no interval
+    assert math.isnan(paired_change_interval(before, after, categories, clusters=[0] * 4 + [1, 2, 3, 4])[1])
+
+
 def _result(correct: list[int], categories: list[str]) -> dict:
     """A ShapesEval result as ``shapes_eval.evaluate`` returns it, for given per-image scores."""
     per_category, counts = {}, {}

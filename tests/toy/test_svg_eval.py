@@ -182,6 +182,39 @@ def test_shapes_eval_on_valid_svgs_counts_only_what_renders():
     assert summarize(rows)["shapes_eval_valid"]["mean"] is None
 
 
+def test_text_to_svg_intervals_count_a_repeated_caption_once():
+    """A text-to-SVG set repeats its captions; their answers are one observation each. The same
+    rows with a ``cluster`` column give the distinct captions' interval, not one sqrt(m) narrower."""
+    shapes = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    categories = ("a", "a", "a", "a", "b", "b", "b", "b")
+    m = 6
+    rows = _samples(
+        [0.5] * 8 * m,
+        [v for v in shapes for _ in range(m)],
+        [1.0] * 8 * m,
+        [c for c in categories for _ in range(m)],
+    )
+    once = _samples([0.5] * 8, shapes, [1.0] * 8, categories) | {"cluster": list(range(8))}
+    clustered = rows | {"cluster": [i for i in range(8) for _ in range(m)]}
+    naive, by_caption, distinct = summarize(rows), summarize(clustered), summarize(once)
+    assert by_caption["distinct_inputs"] == 8 and "distinct_inputs" not in naive
+    assert by_caption["shapes_eval"]["mean"] == naive["shapes_eval"]["mean"] == pytest.approx(0.5)
+    assert by_caption["shapes_eval"]["ci"] == pytest.approx(distinct["shapes_eval"]["ci"])
+    width = lambda stats: stats["ci"][1] - stats["ci"][0]  # noqa: E731
+    assert width(naive["shapes_eval"]) < 0.5 * width(by_caption["shapes_eval"])
+    # the paired change: every answer of one caption flips
+    after_rows = dict(clustered, shapes_eval=[1.0] * 8 * m)
+    after_once = dict(once, shapes_eval=[1.0] * 8)
+    check, check_once = hacking_check(clustered, after_rows), hacking_check(once, after_once)
+    assert check["changes"]["shapes_eval"]["ci"] == pytest.approx(check_once["changes"]["shapes_eval"]["ci"])
+    assert check["changes"]["shapes_eval"]["change"] == pytest.approx(0.5)
+
+
+def test_the_text_to_svg_set_clusters_by_caption():
+    t2s, i2s = svg_eval_set(24, task="text_to_svg"), svg_eval_set(24)
+    assert t2s.clusters == t2s.prompts and i2s.clusters is None
+
+
 def test_the_hacking_check_flags_the_verifier_rising_by_validity_alone():
     n = 200
     gen = torch.Generator().manual_seed(3)
