@@ -89,9 +89,9 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
 
     The forkserver preloads this module and the renderers once (not ``__main__``, its default:
     workers do not need the user's script), so forking a replacement worker after a timeout costs
-    milliseconds instead of re-importing torch. The setting only takes effect if the forkserver has not been started by
-    someone else yet; otherwise workers import on start (before they report ready, so no task
-    deadline pays for it).
+    milliseconds instead of re-importing torch. The setting only takes effect if the forkserver
+    has not been started by someone else yet; otherwise workers import on start (before they
+    report ready, so no task deadline pays for it).
     """
     global _PRELOAD_DONE
     methods = multiprocessing.get_all_start_methods()
@@ -114,7 +114,9 @@ def _without_main() -> Iterator[None]:
     get_preparation_data`` reads ``sys.modules["__main__"]``'s ``__spec__`` and ``__file__``). A
     render worker's target is in this module, so for the moment of ``Process.start()`` a bare
     module stands in for ``__main__``: the child gets no main to import, and an unguarded script
-    is not run again (nor, inside the child, does it try to start workers of its own).
+    is not run again (nor, inside the child, does it try to start workers of its own). The swap
+    lasts only the start call; another thread that looks up ``__main__`` in that moment (to
+    pickle one of the script's own classes, say) would see the stand-in.
     """
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
