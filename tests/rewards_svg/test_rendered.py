@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -160,3 +162,43 @@ def test_the_absolute_length_term_charges_both_sides_linearly_by_hand():
 def test_bad_length_settings_are_one_line_errors(key, value):
     with pytest.raises(ValueError, match=key):
         load_reward("svg_render", reward="jpeg_compressibility", **{key: value})
+
+
+WRITER = Path(__file__).resolve().parents[2] / "assets" / "models" / "toy-svg-writer-t2s"
+
+
+def test_the_length_term_counts_a_named_tokenizers_tokens_by_hand():
+    """RLRF's unit: ``length_tokenizer`` (a recipe key) counts the tokens of the SVG, here in the toy
+    writer's tokenizer (whole SVG pieces and colours are single tokens), not characters."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(WRITER)
+
+    def tokens(svg: str) -> int:
+        return len(tokenizer(svg, add_special_tokens=False)["input_ids"])
+
+    inner = Redness()
+    reward = load_reward(
+        "svg_render", reward=inner, length_weight=1.0, length_margin=0.1, length_tokenizer=str(WRITER)
+    )
+    one, three = (RED_SQUARE.replace("</svg>", CIRCLE_ELEMENT * k + "</svg>") for k in (0, 2))
+    out = reward([one, three], ["a red square"] * 2, reference_svgs=[one, one])
+    assert tokens(one) < len(one)  # the unit differs
+    ref = tokens(one)
+    by_hand = [1.0, max(-1.0, 1.0 - (max(0.0, tokens(three) - 1.1 * ref) / ref) ** 2)]
+    in_characters = max(-1.0, 1.0 - (max(0.0, len(three) - 1.1 * len(one)) / len(one)) ** 2)
+    assert by_hand[1] != pytest.approx(in_characters)  # the test tells the units apart
+    assert torch.allclose(out.details["length"], torch.tensor(by_hand), atol=1e-6)
+    fidelity = load_reward("svg_fidelity", weights={"length": 1.0}, length_tokenizer=str(WRITER))
+    assert fidelity.length_fn(three) == tokens(three)
+
+
+def test_a_bad_length_tokenizer_is_a_one_line_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="length_tokenizer .*missing-folder does not exist"):
+        load_reward(
+            "svg_render", reward="jpeg_compressibility", length_tokenizer=str(tmp_path / "missing-folder")
+        )
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
+        load_reward("svg_render", reward="jpeg_compressibility", length_tokenizer=str(tmp_path))
+    with pytest.raises(ValueError, match="length_fn or length_tokenizer"):
+        load_reward("svg_fidelity", length_fn=len, length_tokenizer=str(WRITER))

@@ -75,6 +75,11 @@ def test_the_recipes_load_and_name_qwen25_vl(recipe):
     assert "NOT RUNNABLE" not in header and "tiny:qwen25_vl" in header
 
 
+def test_rlrf_recipe_counts_length_in_the_models_tokens():
+    config = load_recipe(RLRF)
+    assert config.reward.kwargs["length_tokenizer"] == config.model.path
+
+
 def test_rlrf_recipe_runs_a_grpo_step_on_the_tiny_qwen25_vl(tmp_path):
     trainer = make_trainer(
         RLRF,
@@ -84,6 +89,7 @@ def test_rlrf_recipe_runs_a_grpo_step_on_the_tiny_qwen25_vl(tmp_path):
         TOY_SVG,
         "reward.kwargs.embedder=null",
         "reward.kwargs.embedder_kwargs=null",
+        "reward.kwargs.length_tokenizer=null",  # the 7B's tokenizer is on the hub; characters here
     )
     assert trainer.policy.multimodal_positions
     trainer.reward = Spread(trainer.reward)

@@ -29,8 +29,9 @@ image ``I``; with ``Î`` the render, the reward is a weighted combination of:
   length of the SVG and L_ref that of the ground-truth SVG: free up to half the reference, then
   a quadratic penalty (0.75 at L = L_ref, 0 at 1.5 L_ref). RLRF leaves it unbounded below; here it
   is clipped at ``min_reward`` (default -1) so that every term lives in [-1, 1]
-  (``clip_length=False`` restores the paper's form). Lengths are characters by default; pass
-  ``length_fn`` (e.g. a tokenizer's token count, as in the paper) to change the unit. Off unless
+  (``clip_length=False`` restores the paper's form). Lengths are characters by default;
+  ``length_tokenizer`` (a tokenizer folder or hub id, a recipe key) counts that tokenizer's tokens
+  as the paper does, and ``length_fn`` takes any counter. Off unless
   ``reference_svgs`` or ``reference_lengths`` are given. ``length_margin=m`` (not in the paper)
   moves the free zone up to ``(1 + m) L_ref``: ``R_len = 1 - ((1/L_ref) max(0, L - (1+m) L_ref))²``,
   so only SVGs longer than the reference by more than the margin are penalised and shortening
@@ -56,6 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from genalign.rewards.base import Reward, RewardOutput, register_reward, validate_images
+from genalign.rewards.svg.length_unit import length_function
 from genalign.rewards.svg.pool import SVGRenderPool, render_batch
 from genalign.rewards.svg.sanitize import RenderLimits
 
@@ -276,6 +278,8 @@ class SVGFidelityReward(Reward):
             :class:`~genalign.rewards.svg.pool.SVGRenderPool`.
         render_size: ``(H, W)`` for rendering ``reference_svgs`` when no ``targets`` are given.
         length_fn: SVG text -> length (default: characters; pass a token counter for tokens).
+        length_tokenizer: a tokenizer folder or hub id: lengths in its tokens (RLRF's unit), for
+            recipes, which cannot pass a callable; not with ``length_fn``.
         clip_length: clip the length reward below at ``min_reward`` (the paper does not).
         length_margin: None for the paper's length term (free up to half the reference); a
             margin m >= 0 makes it one-sided: free up to ``(1 + m)`` times the reference length,
@@ -309,7 +313,8 @@ class SVGFidelityReward(Reward):
         workers: int | None = None,
         pool: SVGRenderPool | None = None,
         render_size: tuple[int, int] = (224, 224),
-        length_fn: Callable[[str], int] = len,
+        length_fn: Callable[[str], int] | None = None,
+        length_tokenizer: str | None = None,
         clip_length: bool = True,
         length_margin: float | None = None,
         min_reward: float = -1.0,
@@ -365,7 +370,7 @@ class SVGFidelityReward(Reward):
         self.workers = workers
         self.pool = pool
         self.render_size = tuple(render_size)
-        self.length_fn = length_fn
+        self.length_fn = length_function(length_tokenizer, length_fn, "svg_fidelity")
         self.clip_length = clip_length
         self.length_margin = None if length_margin is None else float(length_margin)
         self.min_reward = float(min_reward)

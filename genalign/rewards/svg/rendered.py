@@ -45,6 +45,7 @@ import torch
 
 from genalign.rewards.base import Reward, RewardOutput, load_image_reward, register_reward
 from genalign.rewards.svg.fidelity import absolute_length_reward, length_reward
+from genalign.rewards.svg.length_unit import length_function
 from genalign.rewards.svg.pool import SVGRenderPool, render_batch
 from genalign.rewards.svg.sanitize import RenderLimits
 
@@ -78,6 +79,8 @@ class SVGRenderedReward(Reward):
         length_form: ``"one_sided"`` (free up to ``1 + length_margin`` times the reference, then
             quadratic: Sec. 3.2's form with the free zone moved) or ``"absolute"`` (the project
             page's ``-|L - L_ref|``, normalised: linear on both sides).
+        length_tokenizer: a tokenizer folder or hub id: lengths in its tokens, RLRF's unit
+            (default: characters).
         backend, limits, workers, pool: the renderer's, as ``svg_fidelity``'s.
 
     ``details``: ``length`` ``[B]`` (the length term when weighted; -1 at the failed rows),
@@ -98,6 +101,7 @@ class SVGRenderedReward(Reward):
         length_weight: float = 0.0,
         length_margin: float = 0.1,
         length_form: str = "one_sided",
+        length_tokenizer: str | None = None,
         backend: str = "cairosvg",
         limits: RenderLimits | None = None,
         workers: int | None = None,
@@ -127,6 +131,7 @@ class SVGRenderedReward(Reward):
         self.metadata_keys = tuple(metadata_keys)
         self.length_weight, self.length_margin = float(length_weight), float(length_margin)
         self.length_form = length_form
+        self.length_fn = length_function(length_tokenizer, owner="svg_render")
         self.backend = backend
         self.limits = limits or RenderLimits()
         self.workers = workers
@@ -178,8 +183,8 @@ class SVGRenderedReward(Reward):
                 "svg_render: length_weight > 0 needs metadata `reference_svgs`, one per SVG (the svg "
                 "strategy hands over the pool's)"
             )
-        lengths = torch.tensor([float(len(svg)) for svg in svgs])
-        reference = torch.tensor([float(len(svg)) for svg in reference_svgs])
+        lengths = torch.tensor([float(self.length_fn(svg)) for svg in svgs])
+        reference = torch.tensor([float(self.length_fn(svg)) for svg in reference_svgs])
         if self.length_form == "absolute":
             return absolute_length_reward(lengths, reference, margin=self.length_margin, low=-1.0)
         return length_reward(lengths, reference, low=-1.0, free_fraction=1.0 + self.length_margin)
