@@ -218,7 +218,7 @@ def _clusters(per_sample: Mapping[str, list], kept: Sequence[int] | None = None)
 
 def _mean_interval(values: Sequence[float], clusters: Sequence[Any] | None = None) -> dict[str, Any]:
     """Mean and normal interval; with ``clusters``, the cluster-robust standard error (samples of one
-    cluster are not independent), NaN-free only with 2 or more clusters."""
+    cluster are not independent; the interval is NaN with fewer than 2 clusters)."""
     kept = [i for i, v in enumerate(values) if math.isfinite(v)]
     finite = [values[i] for i in kept]
     n = len(finite)
@@ -227,9 +227,7 @@ def _mean_interval(values: Sequence[float], clusters: Sequence[Any] | None = Non
     mean = sum(finite) / n
     if clusters is not None:
         variance = clustered_variance(finite, [clusters[i] for i in kept])
-        if not math.isfinite(variance):
-            return {"mean": mean, "ci": [None, None], "n": n}
-        half = 1.96 * math.sqrt(variance)
+        half = 1.96 * math.sqrt(variance)  # NaN (no interval) with fewer than 2 clusters
     else:
         sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
         half = 1.96 * sd / math.sqrt(n)

@@ -12,6 +12,7 @@ import torch
 from genalign.cli import main
 from genalign.rewards import load_reward
 from genalign.toy.svg_eval import (
+    format_report,
     hacking_check,
     load_svg_writer,
     parse_models,
@@ -208,6 +209,13 @@ def test_text_to_svg_intervals_count_a_repeated_caption_once():
     check, check_once = hacking_check(clustered, after_rows), hacking_check(once, after_once)
     assert check["changes"]["shapes_eval"]["ci"] == pytest.approx(check_once["changes"]["shapes_eval"]["ci"])
     assert check["changes"]["shapes_eval"]["change"] == pytest.approx(0.5)
+    # one caption in a category: no interval (NaN), and the report still prints
+    single = dict(clustered, cluster=[0] * (4 * m) + [i for i in range(4, 8) for _ in range(m)])
+    report = {"models": {"sft": summarize(single), "rl": summarize(dict(single, shapes_eval=[1.0] * 8 * m))}}
+    report["comparisons"] = {"sft -> rl": hacking_check(single, dict(single, shapes_eval=[1.0] * 8 * m))}
+    assert math.isnan(report["models"]["sft"]["shapes_eval"]["ci"][0])
+    assert not math.isnan(report["models"]["sft"]["score"]["ci"][0])  # 5 clusters overall
+    assert "5 distinct captions" in format_report(report)
 
 
 def test_the_text_to_svg_set_clusters_by_caption():
