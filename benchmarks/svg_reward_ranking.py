@@ -23,6 +23,17 @@ renders it for ShapesEval (the verifier; never a reward), then reports, per term
 NAME=FOLDER`` (repeatable) adds a pair judge's term (``svg_fidelity``'s ``judge``, ``2 p - 1``, the
 floor for a failed SVG) as ``judge:NAME``, and ``score:NAME+judgeW``: the recipe's four terms plus
 the judge at weight ``--judge-weight`` W.
+
+``--recipe FILE`` scores with that training recipe's own reward (its ``reward.name`` and
+``reward.kwargs``) as the column ``reward``, on the recipe's task (``train.svg.task``): for
+text-to-SVG, ``configs/toy/rlrf_text2svg.yaml`` (toy-vlm's VQAScore of the render plus the length
+term), the writer ``assets/models/toy-svg-writer-t2s``. ``--truth exact`` ranks against ShapesEval
+with no extra objects (the verdict adding shapes cannot pass), and ``--valid-only`` computes every
+AUC among the samples that render: a broken SVG is wrong and scores the floor, which would count as
+ranking. docs/language.md section 5.13 reports::
+
+    python benchmarks/svg_reward_ranking.py --recipe configs/toy/rlrf_text2svg.yaml \
+        --model assets/models/toy-svg-writer-t2s --scenes 192 --seed 7 --truth exact --valid-only
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,9 +65,12 @@ def ranking_rows(
     truth: str = "correct",
     judges: dict[str, str] | None = None,
     judge_weight: float = 4.0,
+    task: str = "image_to_svg",
+    recipe_reward: Any = None,
 ) -> list[dict]:
-    """One row per completion: scene id, category, verifier verdict, scene match and every reward
-    term (``semantic``: more image towers, ``{name: folder}``); ``correct`` is ``truth``'s verdict."""
+    """One row per completion: scene id, category, verifier verdict, scene match, whether it renders
+    and every reward term (``semantic``: more image towers, ``{name: folder}``; ``recipe_reward``: a
+    loaded reward, the column ``reward``); ``correct`` is ``truth``'s verdict."""
     from genalign.toy.svg_eval import (
         SVGEvalSet,
         default_reward,
@@ -65,7 +80,7 @@ def ranking_rows(
         write_svgs,
     )
 
-    base = svg_eval_set(scenes, seed=seed, split=split)
+    base = svg_eval_set(scenes, seed=seed, split=split, task=task)
     index = [i for i in range(len(base)) for _ in range(group)]
     repeated = SVGEvalSet(
         [base.prompts[i] for i in index],
@@ -89,11 +104,20 @@ def ranking_rows(
         reward = load_reward("svg_fidelity", weights={"image": 1.0, "judge": 1.0}, judge=folder)
         out = reward(svgs, repeated.prompts, targets=repeated.images, reference_svgs=repeated.reference_svgs)
         judged[name] = out.details["judge"].tolist()
-    verdict = {"correct": "shapes_eval", "scene": "scene_match"}[truth]
+    recipe_scores = None
+    if recipe_reward is not None:
+        out = recipe_reward(
+            svgs, repeated.prompts, targets=repeated.images, reference_svgs=repeated.reference_svgs
+        )
+        recipe_scores = out.scores.float().tolist()
+    verdict = {"correct": "shapes_eval", "scene": "scene_match", "exact": "shapes_eval_exact"}[truth]
     rows = []
     for k, scene in enumerate(index):
         row = {"prompt": f"scene-{scene}", "category": measures["category"][k]}
         row["correct"] = bool(measures[verdict][k])
+        row["valid"] = bool(measures["valid"][k])
+        if recipe_scores is not None:
+            row["reward"] = recipe_scores[k]
         row |= {term: measures[term][k] for term in TERMS if term in measures}
         for name, other in extra.items():
             row |= {f"semantic:{name}": other["semantic"][k], f"score:{name}": other["score"][k]}
@@ -107,9 +131,15 @@ def ranking_rows(
     return rows
 
 
-def summarise(rows: list[dict]) -> dict[str, dict]:
+def summarise(rows: list[dict], valid_only: bool = False) -> dict[str, dict]:
     """Per term: the within-group AUC against the verifier (overall and per category) and the mean
-    within-group std; and how many groups are mixed (both a correct and a wrong sample)."""
+    within-group std; and how many groups are mixed (both a correct and a wrong sample).
+    ``valid_only``: the rows of SVGs that render only (``groups`` then also counts the validity)."""
+    validity = statistics.fmean(r["valid"] for r in rows) if rows and "valid" in rows[0] else None
+    if valid_only:
+        rows = [r for r in rows if r["valid"]]
+    if not rows:
+        return {"groups": {"all": 0, "mixed": 0, "verifier": None, "validity": validity}}
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row["prompt"], []).append(row)
@@ -119,9 +149,10 @@ def summarise(rows: list[dict]) -> dict[str, dict]:
             "all": len(groups),
             "mixed": mixed,
             "verifier": statistics.fmean(r["correct"] for r in rows),
+            **({} if validity is None else {"validity": validity}),
         }
     }
-    for term in [*TERMS, *(k for k in rows[0] if ":" in k)]:
+    for term in [*TERMS, "reward", *(k for k in rows[0] if ":" in k)]:
         if term not in rows[0]:
             continue
         table = within_prompt_auc(rows, term)
@@ -141,6 +172,17 @@ def summarise(rows: list[dict]) -> dict[str, dict]:
             ),
         }
     return out
+
+
+def recipe_reward_and_task(recipe: str) -> tuple[str, Any]:
+    """A training recipe's reward, loaded as the trainer loads it, and its SVG task."""
+    from genalign.rewards import load_reward
+    from genalign.trainers import load_recipe
+    from genalign.trainers.recipe_paths import resolve_recipe_paths
+
+    config = resolve_recipe_paths(load_recipe(recipe), Path(recipe).parent)
+    task = config.train.svg.task if config.train.svg is not None else "image_to_svg"
+    return task, load_reward(config.reward.name, **config.reward.kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--truth",
-        choices=("correct", "scene"),
+        choices=("correct", "scene", "exact"),
         default="correct",
-        help="rank against ShapesEval's verdict or scene match",
+        help="rank against ShapesEval's verdict, scene match, or ShapesEval with no extra objects",
     )
+    parser.add_argument("--recipe", help="also score with this training recipe's reward, on its task")
+    parser.add_argument("--valid-only", action="store_true", help="AUCs among the SVGs that render")
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.semantic + args.judge):
         parser.error("--semantic and --judge take NAME=FOLDER")
@@ -183,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--scenes must be positive and --group at least 2")
     torch.set_num_threads(args.threads)
     semantic = dict(item.split("=", 1) for item in args.semantic)
+    task, recipe_reward = "image_to_svg", None
+    if args.recipe:
+        task, recipe_reward = recipe_reward_and_task(args.recipe)
     rows = ranking_rows(
         args.model,
         args.scenes,
@@ -194,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         args.truth,
         dict(item.split("=", 1) for item in args.judge),
         args.judge_weight,
+        task,
+        recipe_reward,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(rows) + "\n", encoding="utf-8")
-    print(json.dumps(summarise(rows), indent=1))
+    print(json.dumps(summarise(rows, args.valid_only), indent=1))
     return 0
 
 

@@ -92,3 +92,33 @@ def test_a_pair_judge_column_and_its_weighted_score(tmp_path, capsys, bench):
     assert {"judge:j", "score:j+judge2"} <= set(json.loads(capsys.readouterr().out))
     with pytest.raises(SystemExit):
         bench.main(["--judge", "no-equals-sign"])
+
+
+def test_valid_only_drops_broken_samples_before_ranking(bench):
+    rows = [
+        {**_row("a", True, 0.9, 0.1), "valid": True},
+        {**_row("a", False, 0.95, 0.5), "valid": True},
+        {**_row("a", False, -3.0, -1.0), "valid": False},  # broken: wrong and at the floor
+    ]
+    every = bench.summarise(rows)
+    assert every["score"]["auc"] == pytest.approx(0.5)  # beats the broken one, loses to the valid one
+    assert every["groups"]["validity"] == pytest.approx(2 / 3)
+    valid = bench.summarise(rows, valid_only=True)
+    assert valid["score"]["auc"] == pytest.approx(0.0) and valid["groups"]["all"] == 1
+    assert valid["groups"]["validity"] == pytest.approx(2 / 3)  # of every sample, before the filter
+    assert bench.summarise(rows[2:], valid_only=True)["groups"]["all"] == 0  # nothing renders
+
+
+def test_text_to_svg_with_the_recipes_own_reward(tmp_path, capsys, bench):
+    out = tmp_path / "rows.json"
+    recipe = str(ROOT / "configs" / "toy" / "rlrf_text2svg.yaml")
+    writer = str(ROOT / "assets" / "models" / "toy-svg-writer-t2s")
+    args = ["--recipe", recipe, "--model", writer, "--scenes", "6", "--group", "2", "--truth", "exact"]
+    assert bench.main([*args, "--valid-only", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 12 and all({"reward", "valid", "correct"} <= set(r) for r in rows)
+    # the recipe's reward: a broken SVG at its floor (min_reward - length_weight = -3)
+    assert all(r["reward"] == pytest.approx(-3.0) for r in rows if not r["valid"])
+    assert all(r["reward"] > -3.0 for r in rows if r["valid"])
+    printed = json.loads(capsys.readouterr().out)
+    assert "reward" in printed and "validity" in printed["groups"]
