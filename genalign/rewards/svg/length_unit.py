@@ -45,5 +45,4 @@ def length_function(
     def count_tokens(svg: str) -> int:
         return len(tokenizer(svg, add_special_tokens=False)["input_ids"])
 
-    count_tokens.tokenizer = path  # type: ignore[attr-defined]  # for repr and fingerprints
     return count_tokens
