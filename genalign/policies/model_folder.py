@@ -7,19 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from genalign.utils.hub import looks_like_local_path, require_hub_access
+from genalign.utils.hub import looks_like_local_path, require_hub_access, require_local_path
 
 __all__ = ["check_model_folder", "looks_like_local_path", "require_hub_access", "require_local_path"]
-
-
-def require_local_path(path: str | Path) -> None:
-    """Raise naming ``path`` when it cannot be a hub id (:func:`looks_like_local_path`) and does not
-    exist, rather than letting the hub client report a failed download."""
-    if looks_like_local_path(path) and not Path(path).exists():
-        raise FileNotFoundError(
-            f"model folder {path} does not exist (a hub id has the form 'organisation/name')"
-        )
-    require_hub_access(path)
 
 
 def check_model_folder(path: str | Path) -> None:

@@ -183,15 +183,15 @@ def paired_change_interval(
     labels = np.asarray(categories)
     if clusters is not None and len(clusters) != len(categories):
         raise ValueError(f"got {len(clusters)} cluster labels for {len(categories)} items")
+    cluster_labels = None if clusters is None else np.asarray(list(clusters), dtype=object)
     means, centres, variances = [], [], []
     for category in dict.fromkeys(labels.tolist()):  # first-seen order; the sums do not depend on it
         d = differences[labels == category]
         n = len(d)
         means.append(d.mean())
-        if clusters is not None:
-            members = [c for c, label in zip(clusters, categories, strict=True) if label == category]
+        if cluster_labels is not None:
             centres.append(d.mean())
-            variances.append(clustered_variance(d, members))
+            variances.append(clustered_variance(d, cluster_labels[labels == category].tolist()))
         elif n < 2:
             centres.append(math.nan)
             variances.append(math.nan)

@@ -199,8 +199,9 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
         "extra_objects": extras,
         "shapes_eval_exact": [float(v["correct"] and e == 0) for v, e in zip(verdict, extras, strict=True)],
     }
-    if eval_set.clusters is not None:
-        result["cluster"] = eval_set.clusters
+    clusters = eval_set.clusters
+    if clusters is not None:
+        result["cluster"] = clusters
     for term in ("image", "edge", "semantic", "length"):
         if term in out.details:
             result[term] = out.details[term].tolist()
@@ -249,7 +250,8 @@ def _shapes_interval(
     members: dict[str, list[Any]] = {}
     for i, (value, category) in enumerate(zip(correct, categories, strict=True)):
         by.setdefault(category, []).append(value)
-        members.setdefault(category, []).append(clusters[i] if clusters is not None else i)
+        if clusters is not None:
+            members.setdefault(category, []).append(clusters[i])
     accuracy = {c: sum(v) / len(v) for c, v in by.items()}
     overall = sum(accuracy.values()) / len(accuracy)
     if clusters is None:
@@ -269,13 +271,14 @@ def summarize(per_sample: Mapping[str, list]) -> dict[str, Any]:
     """Means with 95% intervals of :func:`score_svgs`'s measures (module docstring)."""
     n = len(per_sample["valid"])
     validity = sum(per_sample["valid"]) / n
-    summary: dict[str, Any] = {"validity": {"mean": validity, "ci": _wilson(validity, n), "n": n}}
     clusters = _clusters(per_sample)
-    if clusters is not None:  # several samples per input: Wilson's interval would count them all
-        validity_stats = _mean_interval(per_sample["valid"], clusters)
-        if validity_stats["ci"][0] is not None:  # a fraction: the normal interval clipped to [0, 1]
-            validity_stats["ci"] = [max(0.0, validity_stats["ci"][0]), min(1.0, validity_stats["ci"][1])]
-        summary["validity"] = validity_stats
+    summary: dict[str, Any] = {}
+    if clusters is None:
+        summary["validity"] = {"mean": validity, "ci": _wilson(validity, n), "n": n}
+    else:  # several samples per input: Wilson's interval would count them all
+        stats = _mean_interval(per_sample["valid"], clusters)
+        stats["ci"] = [max(0.0, stats["ci"][0]), min(1.0, stats["ci"][1])]  # a fraction: clipped to [0, 1]
+        summary["validity"] = stats
         summary["distinct_inputs"] = len(set(clusters))
     for name in MEAN_METRICS:
         if name in per_sample:

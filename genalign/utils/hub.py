@@ -31,6 +31,15 @@ def _is_hub_id(text: str) -> bool:
     )
 
 
+def require_local_path(path: str | Path, what: str = "model folder") -> None:
+    """Raise naming ``path`` (as ``what``) when it cannot be a hub id (:func:`looks_like_local_path`)
+    and does not exist, rather than letting the hub client report a failed download; then
+    :func:`require_hub_access`."""
+    if looks_like_local_path(path) and not Path(path).exists():
+        raise FileNotFoundError(f"{what} {path} does not exist (a hub id has the form 'organisation/name')")
+    require_hub_access(path)
+
+
 def require_hub_access(path: str | Path) -> None:
     """Raise naming ``path`` when it is a hub id ``organisation/name`` that is neither a local
     folder nor in the local hub cache while the hub cannot be reached (``HF_HUB_OFFLINE`` set, or

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from genalign.utils.hub import looks_like_local_path, require_hub_access
+from genalign.utils.hub import require_local_path
 
 __all__ = ["length_function"]
 
@@ -31,9 +31,7 @@ def length_function(
     if length_fn is not None:
         raise ValueError(f"{owner}: give length_fn or length_tokenizer, not both")
     path = str(length_tokenizer)
-    if looks_like_local_path(path) and not Path(path).exists():
-        raise FileNotFoundError(f"{owner}: length_tokenizer {path} does not exist")
-    require_hub_access(path)
+    require_local_path(path, what=f"{owner}: length_tokenizer")
     from transformers import AutoTokenizer
 
     try:
