@@ -3,7 +3,8 @@
 One method's math per module where it has its own: :mod:`.nft` (DiffusionNFT's loss kernel),
 :mod:`.b2diffurl` (B2-DiffuRL's schedule, selection and advantages), :mod:`.sol_rl` (Sol-RL's
 candidate selection), :mod:`.rwr` and :mod:`.refl` (their objectives), :mod:`.token_ppo` (the
-token-level clipped objective of language policies), :mod:`.sft` (the next-token loss of
+token-level clipped objective of language policies), :mod:`.token_truncation` (top-k / top-p
+truncation of a token distribution, replayed when log-probs are recomputed), :mod:`.sft` (the next-token loss of
 supervised fine-tuning), :mod:`.prompt_rewrite` (PromptRL's answer extraction, format reward
 and prompt retention), :mod:`.q_hawkeye` (Q-Hawkeye's IQA rewards, uncertainty-aware advantages
 and perception term), :mod:`.rank_fidelity` (VisualQuality-R1's Thurstone ranking reward), :mod:`.copy_order` (our
@@ -37,6 +38,7 @@ from genalign.algorithms.selective_kl import *  # noqa: F403
 from genalign.algorithms.sft import *  # noqa: F403
 from genalign.algorithms.sol_rl import *  # noqa: F403
 from genalign.algorithms.token_ppo import *  # noqa: F403
+from genalign.algorithms.token_truncation import *  # noqa: F403
 
 # Each re-exported module's public names, written once (its ``__all__``); ``losses`` keeps
 # ``clip_bounds`` to itself.
@@ -57,6 +59,7 @@ _REEXPORTED = (
     "sft",
     "sol_rl",
     "token_ppo",
+    "token_truncation",
 )
 __all__ = [
     *(name for module in _REEXPORTED for name in import_module(f"{__name__}.{module}").__all__),

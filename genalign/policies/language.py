@@ -21,8 +21,11 @@ sample draws Gumbel noise of the vocabulary's size from its own generator and ta
 sample's tokens are a function of its prompt and seed, whatever else is in the batch. Decoding
 runs through ``generate`` (its KV cache and each model's own position handling) with greedy
 search over a logits processor that makes the drawn token the only finite one; the model's
-generation config (repetition penalty, top-k, top-p) is not used, since the recomputed
-distribution is the plain tempered softmax.
+generation config (repetition penalty, top-k, top-p) is not used. Top-k / top-p truncation is
+ours to set (``top_k`` / ``top_p`` of :meth:`LanguagePolicy.rollout`): sampling truncates the
+tempered softmax, and every recomputed log-prob replays the same truncation on its own logits
+(:mod:`genalign.algorithms.token_truncation`), the reference's included, so the recorded and
+re-scored distributions stay the same one.
 
 LoRA through peft (``model.add_adapter``) or full fine-tuning; the reference model
 (:meth:`LanguagePolicy.reference`) is the adapter-disabled model under LoRA and a frozen copy under
@@ -41,7 +44,15 @@ from typing import Any
 
 import torch
 
+from genalign.algorithms.token_truncation import truncate_logits, validate_truncation
 from genalign.policies.base import LoRASpec
+from genalign.policies.language_sampling import (
+    SeededSampler,
+    completion_mask_after_eos,
+    gumbel_max_tokens,
+    own_generation_config,
+    suppress_tokens,
+)
 from genalign.policies.language_vision import (
     forward_position_inputs,
     has_images,
@@ -63,81 +74,6 @@ logger = logging.getLogger(__name__)
 
 # LoRA targets of the attention projections of Qwen2 / Llama-style language models
 LANGUAGE_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-def completion_mask_after_eos(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
-    """``[B, L]`` long: 1 up to and including each row's first end-of-sequence token, 0 after.
-
-    A row without one is all 1 (it ran out of ``max_new_tokens``). The first EOS decides, not the
-    pad id: many tokenizers pad with an EOS token (Qwen2.5's pad is ``<|endoftext|>``).
-    """
-    eos = torch.tensor(list(eos_token_ids), device=completion_ids.device)
-    is_eos = torch.isin(completion_ids, eos).long()  # (B, L)
-    eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
-    return (eos_before == 0).long()
-
-
-def gumbel_max_tokens(
-    logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator]
-) -> torch.Tensor:
-    """One token per row of ``logits`` ``[B, V]`` drawn from ``softmax(logits / T)`` by Gumbel-max,
-    row ``b`` with its own ``generators[b]`` (V uniforms per row and call). Returns ``[B]`` long."""
-    scaled = logits.float() / temperature
-    tokens = []
-    for row, generator in zip(scaled, generators, strict=True):
-        uniform = torch.rand(row.shape[0], generator=generator, device=generator.device).to(row.device)
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1.0 - 1e-7)))
-        tokens.append(torch.argmax(row + gumbel))
-    return torch.stack(tokens)
-
-
-class _SeededSampler:
-    """A ``generate`` logits processor: every row's next token is drawn by :func:`gumbel_max_tokens`
-    and made the only finite score, so greedy search emits exactly the drawn tokens."""
-
-    def __init__(
-        self, generators: Sequence[torch.Generator], temperature: float, suppressed: Sequence[int] = ()
-    ) -> None:
-        self.generators = list(generators)
-        self.temperature = temperature
-        self.suppressed = list(suppressed)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = suppress_tokens(scores, self.suppressed)
-        tokens = gumbel_max_tokens(scores, self.temperature, self.generators)
-        chosen = torch.full_like(scores, float("-inf"))
-        chosen.scatter_(1, tokens[:, None].to(scores.device), 0.0)
-        return chosen
-
-
-def suppress_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
-    """``logits`` with the last dimension's ``token_ids`` at -inf (out of place; unchanged if none).
-
-    A VLM's image placeholder (``<image>``) must never be sampled: a completion holding one would
-    make the re-scoring forward expect image features that do not exist. Sampling and every
-    recomputed log-prob suppress the same ids, so the recorded distribution is the one re-scored.
-    """
-    if not token_ids:
-        return logits
-    index = torch.tensor(list(token_ids), device=logits.device)
-    return logits.index_fill(-1, index, float("-inf"))
-
-
-@contextlib.contextmanager
-def own_generation_config(model: Any, config: Any) -> Iterator[None]:
-    """Inside the block the model's ``generation_config`` is ``config``, so ``generate`` fills no
-    field of ours from the checkpoint's own (transformers copies every unset field from it). A
-    checkpoint's ``repetition_penalty`` (Qwen2.5 Instruct ships 1.05), ``no_repeat_ngram_size``,
-    ``min_new_tokens`` or ``suppress_tokens`` would otherwise reshape the logits before our sampler,
-    and tokens would be drawn from another distribution than the recorded ``log_softmax(logits /
-    T)``. ``model`` may be wrapped by peft: its base model is the one ``generate`` reads."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = getattr(base, "generation_config", None)
-    base.generation_config = config
-    try:
-        yield
-    finally:
-        base.generation_config = saved
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -430,16 +366,18 @@ class LanguagePolicy(torch.nn.Module):
         completion_mask: torch.Tensor,
         temperature: float,
         model_inputs: dict[str, torch.Tensor] | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> torch.Tensor:
         """``[B, L]`` fp32 ``log softmax(logits / T)`` of each completion token (the last
         ``L = completion_mask.shape[1]`` columns of ``input_ids``), 0 where ``completion_mask`` is 0;
-        differentiable in the trainable parameters."""
+        differentiable in the trainable parameters. With ``top_k`` / ``top_p`` the softmax is over
+        the tokens the truncation keeps of these logits, the completion token always among them."""
         length = completion_mask.shape[1]
         logits = self._completion_logits(input_ids, attention_mask, length, dict(model_inputs or {}))
         targets = input_ids[:, -length:]
-        log_probs = torch.log_softmax(
-            suppress_tokens(logits, self.suppressed_token_ids) / temperature, dim=-1
-        )
+        scaled = suppress_tokens(logits, self.suppressed_token_ids) / temperature
+        log_probs = torch.log_softmax(truncate_logits(scaled, top_k, top_p, keep=targets), dim=-1)
         taken = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (B, L)
         return taken * completion_mask.to(taken.dtype)
 
@@ -452,6 +390,8 @@ class LanguagePolicy(torch.nn.Module):
             trajectory.completion_mask.to(self.device),
             trajectory.settings.temperature,
             pack_model_inputs(trajectory.model_inputs, self.device),
+            trajectory.settings.top_k,
+            trajectory.settings.top_p,
         )
 
     # ---- rollout -------------------------------------------------------------------------------
@@ -468,6 +408,8 @@ class LanguagePolicy(torch.nn.Module):
         system_prompt: str | None = None,
         images: torch.Tensor | Sequence[torch.Tensor] | None = None,
         sampler: Any = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> TokenTrajectory:
         """Sample ``group_size`` completions for each prompt with per-sample seeds.
 
@@ -486,7 +428,10 @@ class LanguagePolicy(torch.nn.Module):
                 ``generate`` logits processor that picks each token in place of the seeded
                 temperature sampler (``genalign.policies.language_branch.BranchSampler``: greedy
                 answers and one-token branches off them); the log-probs are still recomputed at
-                ``temperature``.
+                ``temperature``; not with ``top_k`` / ``top_p``.
+            top_k / top_p: sample from the tempered softmax truncated to its ``top_k`` most probable
+                tokens, then to the smallest set of them holding mass ``top_p``; the recorded and
+                every recomputed log-prob replay the truncation (None: no truncation).
 
         Returns:
             A :class:`TokenTrajectory`; its ``log_probs`` are recomputed by a forward pass at
@@ -497,7 +442,15 @@ class LanguagePolicy(torch.nn.Module):
         validate_rollout_arguments(prompts, max_new_tokens, group_size)
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        settings = TokenSettings(float(temperature), int(max_new_tokens), bool(chat_template), system_prompt)
+        validate_truncation(top_k, top_p)
+        top_p = None if top_p is None or top_p >= 1 else float(top_p)
+        if sampler is not None and (top_k is not None or top_p is not None):
+            raise ValueError(
+                "a custom sampler picks its own tokens: top_k / top_p apply to the seeded sampler only"
+            )
+        settings = TokenSettings(
+            float(temperature), int(max_new_tokens), bool(chat_template), system_prompt, top_k, top_p
+        )
         expanded = [p for p in prompts for _ in range(group_size)]
         batch = len(expanded)
         seeds, generators = per_sample_generators(batch, generator, self.device, seeds)
@@ -507,7 +460,7 @@ class LanguagePolicy(torch.nn.Module):
         prompt_ids, prompt_mask = encoded.pop("input_ids"), encoded.pop("attention_mask")
         # 2. Sample completions, each row from its own generator
         processor = (
-            _SeededSampler(generators, settings.temperature, self.suppressed_token_ids)
+            SeededSampler(generators, settings.temperature, self.suppressed_token_ids, top_k, top_p)
             if sampler is None
             else sampler(generators, prompt_ids.shape[1], self.suppressed_token_ids)
         )
@@ -519,7 +472,7 @@ class LanguagePolicy(torch.nn.Module):
         attention_mask = torch.cat([prompt_mask.long(), completion_mask], dim=1)
         # 4. Log-probs recomputed by a teacher-forced forward at the sampling temperature
         log_probs = self.token_log_probs(
-            input_ids, attention_mask, completion_mask, settings.temperature, encoded
+            input_ids, attention_mask, completion_mask, settings.temperature, encoded, top_k, top_p
         )
         # 5. Decode
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -546,7 +499,7 @@ class LanguagePolicy(torch.nn.Module):
         settings: TokenSettings,
     ) -> torch.Tensor:
         """``[B, L]`` completion tokens drawn through ``generate`` with ``processor`` (by default
-        :class:`_SeededSampler`) choosing every token."""
+        :class:`SeededSampler`) choosing every token."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         config = GenerationConfig(

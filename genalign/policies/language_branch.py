@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from genalign.policies.language import gumbel_max_tokens, suppress_tokens
+from genalign.policies.language_sampling import gumbel_max_tokens, suppress_tokens
 
 __all__ = ["BranchSampler", "branch_positions"]
 

@@ -27,13 +27,17 @@ class TokenSettings:
     ``temperature``: the logits are divided by it before the softmax, in sampling and in every
     recomputed log-prob (``log_softmax(logits / T)``); ``max_new_tokens``: the completion budget
     (Dr. GRPO's constant normaliser); ``chat_template``: whether the prompt went through the
-    tokenizer's chat template; ``system_prompt``: the system turn of the template, if any.
+    tokenizer's chat template; ``system_prompt``: the system turn of the template, if any;
+    ``top_k`` / ``top_p``: the truncation of the tempered softmax sampled from, replayed in every
+    recomputed log-prob (:mod:`genalign.algorithms.token_truncation`; None: none).
     """
 
     temperature: float = 1.0
     max_new_tokens: int = 64
     chat_template: bool = True
     system_prompt: str | None = None
+    top_k: int | None = None
+    top_p: float | None = None
 
 
 @dataclass

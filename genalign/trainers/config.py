@@ -38,19 +38,35 @@ class LanguageSamplingConfig:
     recomputed log-prob (UniRL's PromptRL samples at 1.0); ``max_new_tokens``: the completion
     budget (a completion also ends at its first EOS token; Dr. GRPO's constant normaliser);
     ``chat_template``: render each prompt as a user turn of the tokenizer's chat template when it
-    has one; ``system_prompt``: an optional system turn before it.
+    has one; ``system_prompt``: an optional system turn before it; ``top_k`` / ``top_p``: sample
+    from the tempered softmax truncated to its k most probable tokens, then to the smallest set
+    holding mass p (None: no truncation); every recorded and recomputed log-prob replays it
+    (:mod:`genalign.algorithms.token_truncation`).
     """
 
     temperature: float = 1.0
     max_new_tokens: int = 64
     chat_template: bool = True
     system_prompt: str | None = None
+    top_k: int | None = None
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ConfigError(f"sampling.language.temperature must be positive, got {self.temperature}")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"sampling.language.max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 0
+        ):
+            raise ConfigError(
+                f"sampling.language.top_k must be a positive integer or null, got {self.top_k!r}"
+            )
+        top_p = self.top_p
+        if top_p is not None and (
+            isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+        ):
+            raise ConfigError(f"sampling.language.top_p must be in (0, 1] or null, got {top_p!r}")
 
     def rollout_kwargs(self) -> dict[str, Any]:
         """The settings as keyword arguments of ``LanguagePolicy.rollout``."""
@@ -59,6 +75,8 @@ class LanguageSamplingConfig:
             "max_new_tokens": self.max_new_tokens,
             "chat_template": self.chat_template,
             "system_prompt": self.system_prompt,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
         }
 
 
@@ -366,6 +384,13 @@ class RecipeConfig:
             raise ConfigError(
                 f"supervised fine-tuning (train.method 'sft') takes train.loss 'sft' and train.strategy 'sft', "
                 f"but train.loss is {loss!r} and train.strategy is {strategy!r}"
+            )
+        language_sampling = self.sampling.language
+        truncated = language_sampling.top_k is not None or language_sampling.top_p is not None
+        if truncated and strategy == "svg" and self.train.svg.rollout == "branch":
+            raise ConfigError(
+                "train.svg.rollout 'branch' draws its own tokens; sampling.language.top_k / top_p apply to "
+                "rollout 'sample' only"
             )
         lora = self.model.lora
         if self.model.frozen and lora is not None:

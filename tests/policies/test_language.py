@@ -79,7 +79,7 @@ def test_a_checkpoints_generation_settings_do_not_reshape_the_sampled_distributi
     """Qwen2.5 Instruct checkpoints ship ``repetition_penalty`` 1.05 in their generation config, and
     ``generate`` fills every unset field from it: tokens were drawn from penalised logits while the
     trajectory recorded ``log_softmax(logits / T)`` (the old code: |difference| up to 0.6 nats)."""
-    from genalign.policies import language
+    from genalign.policies import language_sampling
 
     policy = lm_policy(lora=lora)
     base = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
@@ -90,14 +90,14 @@ def test_a_checkpoints_generation_settings_do_not_reshape_the_sampled_distributi
     checkpoint_config.no_repeat_ngram_size = 1
     checkpoint_config.min_new_tokens = 6
     seen = []
-    draw = language.gumbel_max_tokens
+    draw = language_sampling.gumbel_max_tokens
 
     def recording(logits, temperature, generators):
         tokens = draw(logits, temperature, generators)
         seen.append(torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0])
         return tokens
 
-    monkeypatch.setattr(language, "gumbel_max_tokens", recording)
+    monkeypatch.setattr(language_sampling, "gumbel_max_tokens", recording)
     trajectory = policy.rollout(PROMPTS, group_size=4, generator=0, max_new_tokens=16, temperature=1.0)
     sampled = torch.stack(seen, dim=1)[:, : trajectory.completion_length] * trajectory.completion_mask
     torch.testing.assert_close(trajectory.log_probs, sampled, atol=2e-5, rtol=0)
