@@ -448,8 +448,6 @@ class RecipeConfig:
             )
         if not rewrite:
             return
-        if self.train.fsdp:
-            raise ConfigError("train.fsdp: a joint run (rewriter) is not sharded yet; use DDP or one process")
         rate = self.rewriter.learning_rate
         rates = self.train.policy_learning_rates
         if rate is not None:

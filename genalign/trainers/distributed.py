@@ -94,7 +94,11 @@ def shard_policy(policy: Any, wrap_classes: Sequence[str] = ()) -> int:
     ``_no_split_modules``, its decoder layers and vision blocks, as accelerate's FSDP wraps them).
     A language policy then generates with ``synced_gpus``: every process runs forward passes until
     the longest completion on any process ends, since each pass gathers parameters from all.
-    Returns the trained module's (``policy.trained_module``'s) number of FSDP units."""
+    Returns the trained module's (``policy.trained_module``'s) number of FSDP units. A joint
+    policy (PromptRL's rewriter and generator) shards each member so, its units their own."""
+    members = getattr(policy, "policies", None)
+    if isinstance(members, dict):
+        return sum(shard_policy(member, wrap_classes) for member in members.values())
     module, reference = policy.trained_module, policy.reference_module
     if hasattr(policy, "denoiser"):
         wrap = list(wrap_classes) or list(DEFAULT_WRAP_CLASSES)

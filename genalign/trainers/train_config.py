@@ -149,8 +149,8 @@ class TrainConfig:
     **Precision and distribution**
 
     * ``mixed_precision``: accelerate's autocast for rollouts and updates ("no", "fp16", "bf16").
-    * ``fsdp``: shard the denoiser (a language policy's model) with FSDP2 over the processes (also
-      on with accelerate's FSDP config); ``fsdp_wrap``: block class names made FSDP units (empty:
+    * ``fsdp``: shard the denoiser (a language policy's model; a joint run's rewriter and
+      generator each) with FSDP2 over the processes (also on with accelerate's FSDP config); ``fsdp_wrap``: block class names made FSDP units (empty:
       genalign's default list; a language model's own ``_no_split_modules``).
 
     **Method options** (:mod:`genalign.trainers.method_config`; ``_check_methods``)

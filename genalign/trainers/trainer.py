@@ -123,7 +123,7 @@ class Trainer:
         for monitor in self.monitors.values():
             monitor.to(self.device)
         self.sharded = self._wants_fsdp() and self.accelerator.num_processes > 1
-        if self.sharded and not isinstance(policy, DiffusionPolicy | LanguagePolicy):
+        if self.sharded and not isinstance(policy, DiffusionPolicy | LanguagePolicy | JointPolicy):
             raise ValueError(f"FSDP shards a denoiser or a language model, not a {policy.family!r} policy")
         if self.sharded:
             from genalign.trainers.distributed import shard_policy

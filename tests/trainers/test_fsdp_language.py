@@ -3,7 +3,7 @@ by their own ``_no_split_modules`` (with the frozen reference copy under full fi
 VLM's image encoder as units of its own), sampling with ``synced_gpus`` so that ranks whose
 completions end early keep running the gathers. The ranks agree, the update equals one process's,
 checkpoint + resume equals straight training, and the exported folder holds the full (gathered)
-weights."""
+weights. A joint (PromptRL) run shards each of its two policies the same way."""
 
 from __future__ import annotations
 
@@ -95,13 +95,58 @@ def test_fsdp_language_matches_one_process_and_resumes(tmp_path, case):
             assert torch.equal(loaded[name], value), name
 
 
-def test_a_joint_run_is_not_sharded():
-    from genalign.config import ConfigError
-    from genalign.trainers import load_recipe
+JOINT = [  # PromptRL's rewriter (toy-rewriter, full fine-tuning with a reference copy) and generator
+    "recipe=configs/toy/promptrl.yaml",  # (toy-sd's UNet, full fine-tuning), each sharded on its own
+    "prompts.file=configs/prompts/toy_paraphrased_rl_train_balanced.txt",
+    "reward.name=jpeg_compressibility",  # continuous: every group has spread, so both halves move
+    "train.num_steps=2",
+    "train.prompts_per_step=2",
+    "train.group_size=2",
+    "train.minibatch_size=2",
+    "sampling.num_inference_steps=4",
+    "sampling.num_sde_steps=2",
+    "sampling.language.max_new_tokens=8",
+    "train.adam_epsilon=1e-4",
+]
 
-    recipe = Path(__file__).resolve().parents[2] / "configs" / "toy" / "promptrl.yaml"
-    with pytest.raises(ConfigError, match="train.fsdp: a joint run"):
-        load_recipe(recipe, ["train.fsdp=true"])
+
+@pytest.mark.slow
+def test_fsdp_joint_run_matches_one_process_and_resumes(tmp_path):
+    from diffusers import UNet2DConditionModel
+    from safetensors.torch import load_file
+
+    from genalign.policies import load_policy
+
+    _torchrun(SCRIPT, tmp_path / "fsdp", *JOINT, "train.fsdp=true")
+    _torchrun(SCRIPT, tmp_path / "one", *JOINT, processes=1)
+    _torchrun(SCRIPT, tmp_path / "resumed", *JOINT, "train.fsdp=true", "train.num_steps=1")
+    _torchrun(SCRIPT, tmp_path / "resumed", *JOINT, "train.fsdp=true", "logging.resume=latest")
+    rank0, rank1, single, resumed, initial = (
+        load_file(tmp_path / run / name)
+        for run, name in [
+            ("fsdp", "params-rank0.safetensors"),
+            ("fsdp", "params-rank1.safetensors"),
+            ("one", "params-rank0.safetensors"),
+            ("resumed", "params-rank0.safetensors"),
+            ("one", "initial.safetensors"),
+        ]
+    )
+    assert rank0.keys() == single.keys() == resumed.keys()
+    assert {name.split(".")[0] for name in rank0} == {"generator", "rewriter"}
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+        update = (single[name] - initial[name]).norm()
+        assert update > 0, name  # every weight of both policies trained
+        assert (rank0[name] - single[name]).norm() <= 0.02 * update + 1e-6, name
+        torch.testing.assert_close(resumed[name], rank0[name], atol=1e-5, rtol=1e-4)
+    final = tmp_path / "fsdp" / "run" / "final"  # each policy's full (gathered) weights
+    rewriter = dict(
+        load_policy("language", final / "rewriter", lora=None, train=False).model.named_parameters()
+    )
+    unet = dict(UNet2DConditionModel.from_pretrained(final / "generator" / "unet").named_parameters())
+    for name, value in rank0.items():
+        member, rest = name.split(".", 1)
+        assert torch.equal((rewriter if member == "rewriter" else unet)[rest], value), name
 
 
 def test_mixed_dtypes_are_refused_before_sharding():
