@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import genalign.policies.language as language
+import genalign.policies.language_sampling as language_sampling
 from genalign.policies import LanguagePolicy, LoRASpec, load_policy
 from genalign.policies.language_vision import (
     forward_position_inputs,
@@ -80,7 +80,7 @@ def test_recomputed_log_probs_are_what_generate_sampled_from(monkeypatch, build)
     from (prefill with 3-D positions and left padding, then the KV cache with rope deltas)."""
     policy = vl_policy(build=build)
     seen = []
-    draw = language.gumbel_max_tokens
+    draw = language_sampling.gumbel_max_tokens
 
     def recording(logits, temperature, generators):
         tokens = draw(logits, temperature, generators)
@@ -88,7 +88,7 @@ def test_recomputed_log_probs_are_what_generate_sampled_from(monkeypatch, build)
         seen.append(taken[:, 0])
         return tokens
 
-    monkeypatch.setattr(language, "gumbel_max_tokens", recording)
+    monkeypatch.setattr(language_sampling, "gumbel_max_tokens", recording)
     trajectory = rollout(policy, temperature=1.2)
     sampled = torch.stack(seen, dim=1) * trajectory.completion_mask
     torch.testing.assert_close(trajectory.log_probs, sampled, atol=2e-5, rtol=0)
