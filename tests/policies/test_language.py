@@ -29,10 +29,10 @@ def perturb_lora(policy: LanguagePolicy, seed: int = 1) -> None:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
 
 
-def independent_log_probs(model, trajectory: TokenTrajectory) -> list[torch.Tensor]:
+def bare_logits(model, trajectory: TokenTrajectory) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sample, without padding or masks: strip the left padding, run the model on the bare
-    sequence and read log softmax(logits / T) of each completion token up to its EOS."""
-    temperature = trajectory.settings.temperature
+    sequence and return the logits that predict each completion token up to its EOS
+    (``[count, V]``) with those tokens (``[count]``)."""
     out = []
     with torch.no_grad():
         for b in range(trajectory.batch_size):
@@ -40,14 +40,18 @@ def independent_log_probs(model, trajectory: TokenTrajectory) -> list[torch.Tens
             prompt = prompt[trajectory.attention_mask[b, : trajectory.prompt_length].bool()]
             count = int(trajectory.completion_mask[b].sum())
             completion = trajectory.completion_ids[b, :count]
-            sequence = torch.cat([prompt, completion])[None]
-            logits = model(input_ids=sequence).logits[0].float()
-            values = []
-            for t in range(count):
-                position = len(prompt) + t - 1  # the logits that predict completion token t
-                values.append(torch.log_softmax(logits[position] / temperature, dim=-1)[completion[t]])
-            out.append(torch.stack(values))
+            logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0]
+            out.append((logits[len(prompt) - 1 : len(prompt) - 1 + count], completion))
     return out
+
+
+def independent_log_probs(model, trajectory: TokenTrajectory) -> list[torch.Tensor]:
+    """Per sample, on the bare sequence: log softmax(logits / T) of each completion token."""
+    temperature = trajectory.settings.temperature
+    return [
+        torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        for logits, tokens in bare_logits(model, trajectory)
+    ]
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])

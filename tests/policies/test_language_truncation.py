@@ -15,7 +15,7 @@ from genalign.config import ConfigError
 from genalign.policies import TokenTrajectory
 from genalign.trainers import build_trainer, load_recipe
 
-from .test_language import PROMPTS, lm_policy, perturb_lora
+from .test_language import PROMPTS, bare_logits, lm_policy, perturb_lora
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,22 +26,14 @@ def independent_truncated_log_probs(model, trajectory: TokenTrajectory) -> list[
     with the completion token put back, and the log-prob renormalised over it, in float64."""
     settings = trajectory.settings
     out = []
-    with torch.no_grad():
-        for b in range(trajectory.batch_size):
-            prompt = trajectory.input_ids[b, : trajectory.prompt_length]
-            prompt = prompt[trajectory.attention_mask[b, : trajectory.prompt_length].bool()]
-            count = int(trajectory.completion_mask[b].sum())
-            completion = trajectory.completion_ids[b, :count]
-            logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0].double()
-            values = []
-            for t in range(count):
-                row = (logits[len(prompt) + t - 1] / settings.temperature).numpy()
-                keep = truncation_mask(torch.from_numpy(row), settings.top_k, settings.top_p).numpy()
-                token = int(completion[t])
-                keep[token] = True
-                kept = row[keep]
-                values.append(row[token] - (kept.max() + np.log(np.exp(kept - kept.max()).sum())))
-            out.append(torch.tensor(values))
+    for logits, tokens in bare_logits(model, trajectory):
+        values = []
+        for row, token in zip((logits.double() / settings.temperature).numpy(), tokens.tolist(), strict=True):
+            keep = truncation_mask(torch.from_numpy(row), settings.top_k, settings.top_p).numpy()
+            keep[token] = True
+            kept = row[keep]
+            values.append(row[token] - (kept.max() + np.log(np.exp(kept - kept.max()).sum())))
+        out.append(torch.tensor(values))
     return out
 
 
