@@ -164,12 +164,31 @@ def test_generator_only_freezes_the_rewriter(tmp_path):
     assert "generator_ratio" in metrics and "rewriter_ratio" not in metrics
 
 
-def test_resume_of_a_joint_run_from_yaml_is_exact(tmp_path):
-    straight = make(tmp_path / "a", "train.num_steps=3")
+def test_a_diffusion_nft_generator_keeps_its_own_old_policy(tmp_path):
+    """DiffusionNFT's loss holds an old copy of the weights it trains; in a joint run that is the
+    generator's (the rewriter trains with token_ppo), soft-updated after each step from the
+    generator's new weights: old <- eta old + (1 - eta) theta."""
+    trainer = make(tmp_path, "train.loss=nft")
+    generator = trainer.policy["generator"]
+    start = [p.detach().clone() for p in generator.trainable_parameters()]
+    metrics = trainer.train_step(0)
+    old = trainer.loss.losses["generator"].old_parameters
+    now = [p.detach() for p in generator.trainable_parameters()]
+    assert len(old) == len(now) < len(trainer.policy.trainable_parameters())  # the generator's alone
+    eta = metrics["nft_old_decay"]
+    assert 0 < eta < 1 and "generator_nft_r" in metrics and "rewriter_ratio" in metrics
+    assert any(not torch.equal(a, b) for a, b in zip(start, now, strict=True))  # the generator moved
+    for saved, first, current in zip(old, start, now, strict=True):
+        torch.testing.assert_close(saved, eta * first + (1 - eta) * current)
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "nft"])
+def test_resume_of_a_joint_run_from_yaml_is_exact(tmp_path, loss):
+    straight = make(tmp_path / "a", "train.num_steps=3", f"train.loss={loss}")
     straight.train()
-    first = make(tmp_path / "b", "train.num_steps=2")
+    first = make(tmp_path / "b", "train.num_steps=2", f"train.loss={loss}")
     first.train()
-    resumed = make(tmp_path / "b", "train.num_steps=3", "logging.resume=latest")
+    resumed = make(tmp_path / "b", "train.num_steps=3", "logging.resume=latest", f"train.loss={loss}")
     resumed.train()
     a = {n: p.detach() for n, p in straight.policy.named_trainable_parameters().items()}
     b = {n: p.detach() for n, p in resumed.policy.named_trainable_parameters().items()}

@@ -9,7 +9,23 @@ import torch
 
 from genalign.trainers.losses.base import PolicyLoss
 
-__all__ = ["JointLoss"]
+__all__ = ["JointLoss", "PartView"]
+
+
+class PartView:
+    """The trainer as one part's loss sees it: ``policy`` is the part's own policy
+    (``trainer.policy[name]``); every other attribute is the trainer's."""
+
+    def __init__(self, trainer: Any, name: str) -> None:
+        self._trainer = trainer
+        self._name = name
+
+    @property
+    def policy(self) -> Any:
+        return self._trainer.policy[self._name]
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._trainer, attribute)
 
 
 class JointLoss(PolicyLoss):
@@ -25,7 +41,9 @@ class JointLoss(PolicyLoss):
     one step (a language policy's completion) is re-scored on every call, so its gradient adds up
     to exactly one full-weight update per minibatch. Hooks: ``forward_process``, ``train_steps``
     and ``rollout_policy`` are the primary loss's; ``bind``, ``begin_step``, ``end_step`` and
-    the checkpointed state go to every part (state keys prefixed ``<policy>.``).
+    the checkpointed state go to every part (state keys prefixed ``<policy>.``). A part's hooks see
+    the trainer through :class:`PartView`, whose ``policy`` is that part's policy, so a loss that
+    keeps state over its policy's weights (DiffusionNFT's old policy) works unchanged in a joint run.
 
     Args:
         losses: policy name -> its loss (every policy of the joint policy).
@@ -49,23 +67,23 @@ class JointLoss(PolicyLoss):
         return total, metrics
 
     def bind(self, trainer: Any) -> None:
-        for loss in self.losses.values():
-            loss.bind(trainer)
+        for name, loss in self.losses.items():
+            loss.bind(PartView(trainer, name))
 
     def begin_step(self, step: int) -> None:
         for loss in self.losses.values():
             loss.begin_step(step)
 
     def rollout_policy(self, trainer: Any, step: int) -> contextlib.AbstractContextManager:
-        return self.losses[self.primary].rollout_policy(trainer, step)
+        return self.losses[self.primary].rollout_policy(PartView(trainer, self.primary), step)
 
     def train_steps(self, num_steps: int) -> torch.Tensor | None:
         return self.losses[self.primary].train_steps(num_steps)
 
     def end_step(self, trainer: Any, step: int) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        for loss in self.losses.values():
-            metrics.update(loss.end_step(trainer, step))
+        for name, loss in self.losses.items():
+            metrics.update(loss.end_step(PartView(trainer, name), step))
         return metrics
 
     def state_dict(self) -> dict[str, torch.Tensor]:
