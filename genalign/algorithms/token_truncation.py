@@ -31,11 +31,14 @@ _CHUNK_ELEMENTS = 1 << 24  # logits per sort: 64 MiB of fp32 and 128 MiB of indi
 
 
 def validate_truncation(top_k: int | None, top_p: float | None) -> None:
-    """Raise ValueError unless ``top_k`` is None or a positive int and ``top_p`` None or in (0, 1]."""
+    """Raise ValueError (naming the setting and its value) unless ``top_k`` is None or a positive
+    int and ``top_p`` None or a number in (0, 1]."""
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+        raise ValueError(f"top_k must be a positive integer (or unset), got {top_k!r}")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):
+        raise ValueError(f"top_p must be in (0, 1] (or unset), got {top_p!r}")
 
 
 @torch.no_grad()

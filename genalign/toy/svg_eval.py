@@ -199,9 +199,8 @@ def score_svgs(svgs: Sequence[str], eval_set: SVGEvalSet, reward: Any) -> dict[s
         "extra_objects": extras,
         "shapes_eval_exact": [float(v["correct"] and e == 0) for v, e in zip(verdict, extras, strict=True)],
     }
-    clusters = eval_set.clusters
-    if clusters is not None:
-        result["cluster"] = clusters
+    if eval_set.clusters is not None:
+        result["cluster"] = eval_set.clusters
     for term in ("image", "edge", "semantic", "length"):
         if term in out.details:
             result[term] = out.details[term].tolist()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
+from genalign.algorithms.token_truncation import validate_truncation
 from genalign.config import ConfigError, load_config, to_dict
 from genalign.trainers.model_config import LoRAConfig, ModelConfig, RewriterConfig
 from genalign.trainers.train_config import TrainConfig
@@ -56,17 +57,10 @@ class LanguageSamplingConfig:
             raise ConfigError(f"sampling.language.temperature must be positive, got {self.temperature}")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"sampling.language.max_new_tokens must be positive, got {self.max_new_tokens}")
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 0
-        ):
-            raise ConfigError(
-                f"sampling.language.top_k must be a positive integer or null, got {self.top_k!r}"
-            )
-        top_p = self.top_p
-        if top_p is not None and (
-            isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-        ):
-            raise ConfigError(f"sampling.language.top_p must be in (0, 1] or null, got {top_p!r}")
+        try:
+            validate_truncation(self.top_k, self.top_p)
+        except ValueError as error:
+            raise ConfigError(f"sampling.language.{error}") from None
 
     def rollout_kwargs(self) -> dict[str, Any]:
         """The settings as keyword arguments of ``LanguagePolicy.rollout``."""
